@@ -1,0 +1,39 @@
+"""The Hydra entry point: ``python -m ckptless_hpc [overrides]`` and the ``ckptless-hpc`` script."""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from .config import ConfigError, register_configs, validate
+
+register_configs()
+
+EXIT_CONFIG = 2
+
+
+@hydra.main(version_base="1.3", config_path="pkg://ckptless_hpc.conf", config_name="config")
+def main(cfg: DictConfig) -> int:
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        print(f"ckptless_hpc: {e}", file=sys.stderr)
+        sys.exit(EXIT_CONFIG)
+    run_dir = HydraConfig.get().runtime.output_dir
+    if cfg.cluster.backend == "slurm":
+        from .launch.slurm import submit
+
+        return submit(cfg, run_dir)
+    from .launch.run import run_local
+
+    code = run_local(cfg, run_dir)
+    if code != 0:
+        sys.exit(code)
+    return code
+
+
+def entry() -> None:
+    main()

@@ -1,0 +1,211 @@
+"""Structured config schema (dataclasses registered in Hydra's ConfigStore) and validation.
+
+The Hydra config is the one source of truth: the cluster shape is written once here and every
+placement, sbatch line and srun argv is derived from it. ``validate`` runs before anything
+starts and raises ``ConfigError`` naming the field, the value seen and a hint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+FAULT_KINDS = ("none", "kill_worker", "kill_node", "hang")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the field, the value seen and a HINT."""
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100  # optimizer steps to run
+    seed: int = 0  # all data, RNG and init derive from (seed, step, rank)
+    threads: int = 1  # torch intra-op threads per worker (fixed: results depend on it)
+    log_every: int = 10  # console line every N steps (events.jsonl gets every step)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-3
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    min_lr_ratio: float = 0.1
+
+
+@dataclass
+class ClusterConfig:
+    """Shape of the job and fault-tolerance timings (shared by every backend)."""
+
+    backend: str = "local"
+    nodes: int = 2  # worker nodes
+    workers_per_node: int = 1  # ranks per node
+    spare_nodes: int = 1  # hot-spare nodes started with the job
+    refill_spares: bool = True  # launch a new spare node in the background after a promotion
+    max_refills: int = 4  # at most this many spare nodes launched after start (local backend)
+    bind_host: str = "127.0.0.1"  # address services bind to and advertise (never 0.0.0.0 by default)
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 3.0  # a worker silent this long is declared hung
+    collective_timeout_s: float = 120.0  # last-resort bound on one collective (hangs are normally cut by the coordinator)
+    recovery_timeout_s: float = 60.0  # bound on each recovery phase (hold, re-form, transfer)
+    startup_timeout_s: float = 300.0  # workers must connect and build the model within this
+    exit_timeout_s: float = 10.0  # workers exit this long after losing their coordinator
+
+
+@dataclass
+class LocalClusterConfig(ClusterConfig):
+    backend: str = "local"
+
+
+@dataclass
+class SlurmClusterConfig(ClusterConfig):
+    backend: str = "slurm"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    time_min: int = 60
+    gpus_per_node: int = 0
+    cpus_per_task: int = 0
+    mem_gb: int = 0
+    exclude: List[str] = field(default_factory=list)
+    signal_delay_s: int = 120
+    drain_failed_nodes: bool = False
+    additional_parameters: Dict[str, Any] = field(default_factory=dict)
+    setup: List[str] = field(default_factory=list)
+    max_requeues: int = 3
+
+
+@dataclass
+class FaultSpec:
+    kind: str = "none"  # none | kill_worker | kill_node | hang
+    rank: Optional[int] = None  # kill_worker, hang: the rank that fails
+    node: Optional[int] = None  # kill_node: the node slot (0..nodes-1) whose node dies
+    step: int = 10  # fires while computing this step (after backward, before the allreduce)
+
+
+@dataclass
+class FaultConfig(FaultSpec):
+    # more faults in the same run, e.g. fault.schedule='[{kind:hang,rank:0,step:30}]'
+    schedule: List[FaultSpec] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    task: Any = MISSING
+    cluster: ClusterConfig = MISSING
+    fault: FaultConfig = field(default_factory=FaultConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    job_name: str = "ckptless"
+    dry_run: bool = False
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="schema", node=Config)
+    cs.store(group="cluster", name="local_schema", node=LocalClusterConfig)
+    cs.store(group="cluster", name="slurm_schema", node=SlurmClusterConfig)
+    cs.store(group="fault", name="fault_schema", node=FaultConfig)
+
+
+# ----------------------------------------------------------------------------------------
+# validation (pure)
+
+
+def _err(field_name: str, value: Any, problem: str, hint: str) -> str:
+    return f"{field_name}={value!r}: {problem}. HINT: {hint}"
+
+
+def fault_list(fault: Any) -> List[Dict[str, Any]]:
+    """All faults of a run (the primary one and the schedule) as plain dicts, kind != none."""
+    items = [dict(kind=fault.kind, rank=fault.rank, node=fault.node, step=fault.step)]
+    for f in fault.schedule or []:
+        items.append(dict(kind=f.kind, rank=f.rank, node=f.node, step=f.step))
+    return [f for f in items if f["kind"] != "none"]
+
+
+def validation_errors(cfg: Any) -> List[str]:
+    """Every problem in ``cfg`` (a DictConfig or the dataclass), as readable messages."""
+    errors: List[str] = []
+    c, t = cfg.cluster, cfg.train
+
+    def need(cond: bool, name: str, value: Any, problem: str, hint: str) -> None:
+        if not cond:
+            errors.append(_err(name, value, problem, hint))
+
+    need(c.backend in ("local", "slurm"), "cluster.backend", c.backend, "unknown backend", "use cluster=local or cluster=slurm")
+    need(c.nodes >= 1, "cluster.nodes", c.nodes, "must be >= 1", "set cluster.nodes=2")
+    need(c.workers_per_node >= 1, "cluster.workers_per_node", c.workers_per_node, "must be >= 1", "set cluster.workers_per_node=1")
+    need(c.spare_nodes >= 0, "cluster.spare_nodes", c.spare_nodes, "must be >= 0", "set cluster.spare_nodes=1 (0 = no hot spares)")
+    need(c.max_refills >= 0, "cluster.max_refills", c.max_refills, "must be >= 0", "set cluster.max_refills=0 to never refill")
+    need(c.heartbeat_interval_s > 0, "cluster.heartbeat_interval_s", c.heartbeat_interval_s, "must be > 0", "0.5 is a good default")
+    need(
+        c.heartbeat_timeout_s >= 2 * c.heartbeat_interval_s,
+        "cluster.heartbeat_timeout_s",
+        c.heartbeat_timeout_s,
+        f"must be at least twice cluster.heartbeat_interval_s={c.heartbeat_interval_s}",
+        "raise cluster.heartbeat_timeout_s (default 3.0) or lower the interval",
+    )
+    for name in ("collective_timeout_s", "recovery_timeout_s", "startup_timeout_s", "exit_timeout_s"):
+        v = getattr(c, name)
+        need(v > 0, f"cluster.{name}", v, "must be > 0", "use a positive number of seconds")
+    need(t.steps >= 1, "train.steps", t.steps, "must be >= 1", "set train.steps=100")
+    need(t.threads >= 1, "train.threads", t.threads, "must be >= 1", "set train.threads=1")
+    need(t.log_every >= 1, "train.log_every", t.log_every, "must be >= 1", "set train.log_every=10")
+    need(t.seed >= 0, "train.seed", t.seed, "must be >= 0", "use a non-negative integer seed")
+    o = cfg.optim
+    need(o.lr > 0, "optim.lr", o.lr, "must be > 0", "e.g. optim.lr=3e-4")
+    need(o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, "must be >= 0", "e.g. optim.warmup_steps=10")
+    need(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", o.min_lr_ratio, "must be in [0, 1]", "e.g. optim.min_lr_ratio=0.1")
+    if c.backend == "slurm":
+        need(c.time_min >= 1, "cluster.time_min", c.time_min, "must be >= 1", "the job's time limit in minutes")
+        need(c.gpus_per_node >= 0, "cluster.gpus_per_node", c.gpus_per_node, "must be >= 0", "0 = no GPUs")
+        need(c.signal_delay_s >= 0, "cluster.signal_delay_s", c.signal_delay_s, "must be >= 0", "seconds of warning before the end")
+    errors.extend(_fault_errors(cfg))
+    return errors
+
+
+def _fault_errors(cfg: Any) -> List[str]:
+    errors: List[str] = []
+    c = cfg.cluster
+    world = c.nodes * c.workers_per_node
+    raw = [("fault", cfg.fault)] + [(f"fault.schedule[{i}]", f) for i, f in enumerate(cfg.fault.schedule or [])]
+    for prefix, f in raw:
+        if f.kind not in FAULT_KINDS:
+            errors.append(_err(f"{prefix}.kind", f.kind, "unknown fault kind", f"use one of {', '.join(FAULT_KINDS)}"))
+            continue
+        if f.kind == "none":
+            continue
+        if not 0 <= f.step < cfg.train.steps:
+            errors.append(
+                _err(f"{prefix}.step", f.step, f"must be in [0, train.steps={cfg.train.steps})", "pick a step the run reaches")
+            )
+        if f.kind in ("kill_worker", "hang"):
+            if f.rank is None or not 0 <= f.rank < world:
+                errors.append(
+                    _err(
+                        f"{prefix}.rank",
+                        f.rank,
+                        f"no such rank (world size {world} = cluster.nodes x cluster.workers_per_node)",
+                        f"use {prefix}.rank=0..{world - 1}",
+                    )
+                )
+        if f.kind == "kill_node":
+            if f.node is None or not 0 <= f.node < c.nodes:
+                errors.append(
+                    _err(f"{prefix}.node", f.node, f"no such node slot (cluster.nodes={c.nodes})", f"use {prefix}.node=0..{c.nodes - 1}")
+                )
+    return errors
+
+
+def validate(cfg: Any) -> None:
+    errors = validation_errors(cfg)
+    if errors:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))

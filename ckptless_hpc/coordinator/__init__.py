@@ -1,0 +1,1 @@
+"""Coordinator: membership, failure detection, spare pool, recovery planning, control server."""

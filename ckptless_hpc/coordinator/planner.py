@@ -1,0 +1,74 @@
+"""Recovery planning: a pure function from (membership, failures, held steps, spares) to a plan.
+
+No processes, sockets or clocks here; the coordinator carries plans out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+
+@dataclass(frozen=True)
+class Spare:
+    worker: str
+    node: str
+    ready: bool  # model built, waiting
+
+
+@dataclass
+class Plan:
+    target_step: int
+    ranks: Dict[int, str]  # rank -> worker after recovery
+    promoted: Dict[int, str]  # failed rank -> spare worker
+    sources: Dict[str, List[str]] = field(default_factory=dict)  # worker needing state -> source workers, in order
+
+
+def initial_ranks(nodes: Sequence[Tuple[str, Sequence[str]]]) -> Dict[int, str]:
+    """Rank r lives on node r // workers_per_node: ranks are numbered node by node."""
+    ranks: Dict[int, str] = {}
+    for _, workers in nodes:
+        for w in workers:
+            ranks[len(ranks)] = w
+    return ranks
+
+
+def order_spares(spares: Sequence[Spare], active_nodes: Set[str], bad_nodes: Set[str]) -> List[Spare]:
+    """Usable spares, best first: built ones, on nodes already in use (keeps fresh nodes whole), by name."""
+    usable = [s for s in spares if s.node not in bad_nodes]
+    return sorted(usable, key=lambda s: (not s.ready, s.node not in active_nodes, s.node, s.worker))
+
+
+def plan_recovery(
+    ranks: Mapping[int, str],
+    failed: Set[str],
+    held: Mapping[str, Optional[int]],
+    spares: Sequence[Spare],
+    active_nodes: Set[str],
+    bad_nodes: Set[str],
+) -> Tuple[Optional[Plan], str]:
+    """Replace every failed rank by a spare and pick state sources. Returns (plan or None, reason).
+
+    The target step is the newest step any survivor holds: a survivor can be one step ahead
+    when an allreduce completed on part of the ring (its result is valid: every rank
+    contributed). Survivors behind it and the promoted spares fetch the state, the sources
+    being spread over the survivors that hold the target.
+    """
+    survivors = {r: w for r, w in ranks.items() if w not in failed}
+    steps = {w: held.get(w) for w in survivors.values()}
+    known = {w: s for w, s in steps.items() if s is not None}
+    if not known:
+        return None, f"no surviving rank holds a committed state (failed: {sorted(failed)})"
+    target = max(known.values())
+    holders = [w for r, w in sorted(survivors.items()) if known.get(w) == target]
+    lost = sorted(r for r, w in ranks.items() if w in failed)
+    candidates = order_spares(spares, active_nodes, bad_nodes)
+    if len(candidates) < len(lost):
+        return None, f"no spare left: {len(lost)} rank(s) {lost} failed and {len(candidates)} usable spare(s) remain"
+    promoted = {r: candidates[i].worker for i, r in enumerate(lost)}
+    new_ranks = dict(survivors)
+    new_ranks.update(promoted)
+    needing = [w for r, w in sorted(new_ranks.items()) if r in promoted or known.get(w) != target]
+    sources = {w: holders[i % len(holders) :] + holders[: i % len(holders)] for i, w in enumerate(needing)}
+    reason = f"target step {target}; " + ", ".join(f"rank {r} -> {w}" for r, w in promoted.items())
+    return Plan(target, dict(sorted(new_ranks.items())), promoted, sources), reason

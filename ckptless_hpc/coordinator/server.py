@@ -1,0 +1,509 @@
+"""The coordinator: one per job, in the launching process (local) or the batch step (Slurm).
+
+It owns membership (generation -> rank -> worker), detects failures (process exit, lost
+control connection, missed heartbeats, collective errors reported by survivors), runs the
+recovery protocol of DESIGN.md, keeps the spare pool, and writes events.jsonl and
+summary.json. It never sees training data or state: workers talk to each other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Set
+
+from omegaconf import OmegaConf
+
+from .. import protocol
+from ..config import fault_list
+from ..metrics import EventLog, Recovery, goodput
+from .detector import silent_workers
+from .planner import Spare, initial_ranks, plan_recovery
+
+log = logging.getLogger("ckptless_hpc.coordinator")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_NO_SPARE = 3
+EXIT_STARTUP = 4
+
+
+@dataclass
+class WorkerRec:
+    wid: str
+    node: str
+    local: int
+    role: str  # active | spare | dead
+    writer: Any = None
+    pid: Optional[int] = None
+    host: Optional[str] = None
+    state_port: Optional[int] = None
+    built: bool = False
+    last_seen: Optional[float] = None
+    rank: Optional[int] = None
+
+
+@dataclass
+class _GenState:
+    held: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    ready: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    fetched: List[Dict[str, Any]] = field(default_factory=list)
+    done: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+
+
+class Coordinator:
+    def __init__(self, cfg: Any, run_dir: str, launcher: Any, secret: str, job_id: str, clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.launcher = launcher
+        self.secret = secret
+        self.job_id = job_id
+        self.clock = clock
+        c = cfg.cluster
+        self.wpn = c.workers_per_node
+        self.world = c.nodes * c.workers_per_node
+        self.events = EventLog(os.path.join(run_dir, "events.jsonl"), job_id, clock)
+        self.workers: Dict[str, WorkerRec] = {}
+        self.ranks: Dict[int, str] = {}
+        self.gen = -1
+        self.gens: Dict[int, _GenState] = {}
+        self.bad_nodes: Set[str] = set()
+        self.active_nodes: Set[str] = set()
+        self.pending: Dict[str, tuple] = {}  # failed worker -> (reason, detect time)
+        self.faults_done: Set[int] = set()
+        self.fault_times: List[float] = []
+        self.step_log: Dict[int, Dict[str, Any]] = {}
+        self.recoveries: List[Recovery] = []
+        self.resuming: Optional[Recovery] = None
+        self.fatal: Optional[str] = None
+        self.stopping = False
+        self.reform_requested = False
+        self.saved: Optional[Dict[str, Any]] = None
+        self.store: Any = None
+        self._waiters: List["asyncio.Future[None]"] = []
+        self._t_start = clock()
+        self._t_train: Optional[float] = None
+
+    # ------------------------------------------------------------------ helpers
+    def _notify(self) -> None:
+        for f in self._waiters:
+            if not f.done():
+                f.set_result(None)
+        self._waiters.clear()
+
+    async def _until(self, cond: Callable[[], bool], timeout_s: Optional[float]) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        while not cond():
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                return False
+            fut = loop.create_future()
+            self._waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, remaining)
+            except asyncio.TimeoutError:
+                pass
+        return True
+
+    def _g(self, gen: int) -> _GenState:
+        return self.gens.setdefault(gen, _GenState())
+
+    def _send(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
+        if rec.writer is None or rec.writer.is_closing():
+            return
+        try:
+            rec.writer.write(protocol.encode(msg))
+        except (ConnectionError, RuntimeError) as e:
+            log.warning("send to %s failed: %s", rec.wid, e)
+
+    def _emit(self, event: str, rec: Optional[WorkerRec] = None, **kw: Any) -> None:
+        if rec is not None:
+            kw.setdefault("rank", rec.rank)
+            kw.setdefault("node", rec.node)
+            kw.setdefault("worker", rec.wid)
+        kw.setdefault("gen", self.gen)
+        self.events.emit(event, **kw)
+
+    # ------------------------------------------------------------------ network
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        rec: Optional[WorkerRec] = None
+        try:
+            await protocol.aserver_handshake(reader, writer, self.secret, timeout_s=5.0)
+            hello = await asyncio.wait_for(protocol.arecv_msg(reader), 30.0)
+            wid = f"{hello.get('node')}.{hello.get('local')}"
+            if hello.get("type") != "hello" or wid not in self.workers or self.workers[wid].writer is not None:
+                raise protocol.ProtocolError(f"unexpected hello {hello!r}")
+            rec = self.workers[wid]
+            rec.writer, rec.pid, rec.host, rec.last_seen = writer, int(hello["pid"]), str(hello["host"]), self.clock()
+            self._emit("worker_connected", rec, pid=rec.pid)
+            await self._store_ready.wait()
+            self._send(rec, {"type": "config", "worker_id": wid, "job": self.job_id, "config": OmegaConf.to_container(self.cfg, resolve=True), "store": self.store_addr})
+        except (protocol.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, KeyError, ValueError) as e:
+            log.warning("rejected a connection from %s: %s", peer, e)
+            self._emit("connection_rejected", peer=str(peer), error=str(e))
+            writer.close()
+            return
+        try:
+            while True:
+                msg = await protocol.arecv_msg(reader)
+                rec.last_seen = self.clock()
+                self._dispatch(rec, msg)
+                self._notify()
+        except (asyncio.IncompleteReadError, ConnectionError, protocol.ProtocolError) as e:
+            self._lost(rec, f"control connection closed ({type(e).__name__})")
+        finally:
+            writer.close()
+
+    def _dispatch(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
+        kind = msg["type"]
+        if kind == "hb":
+            return
+        if kind == "built":
+            rec.built, rec.state_port = True, int(msg["state_port"])
+            self._emit("spare_ready" if rec.role == "spare" else "worker_ready", rec, state_bytes=msg.get("state_bytes"), params=msg.get("params"))
+        elif kind == "metrics":
+            self._on_metrics(rec, msg)
+        elif kind == "held":
+            gen = msg.get("abort_gen")
+            if gen is not None:
+                self._g(int(gen)).held[rec.wid] = msg
+            elif not self.stopping and rec.role == "active" and msg.get("gen") == self.gen:
+                log.warning("rank %s reported: %s", rec.rank, msg.get("reason"))
+                self._emit("collective_error", rec, step=msg.get("step"), reason=msg.get("reason"))
+                asyncio.ensure_future(self._reform_if_unexplained(self.gen))
+        elif kind == "ready":
+            self._g(int(msg["gen"])).ready[rec.wid] = msg
+        elif kind == "fetched":
+            self._g(int(msg["gen"])).fetched.append(dict(msg, worker=rec.wid))
+            self._emit("state_transferred", rec, source=msg.get("source"), bytes=msg.get("bytes"), seconds=msg.get("seconds"))
+        elif kind == "transfer_error":
+            self._emit("transfer_error", rec, source=msg.get("source"), error=msg.get("error"))
+        elif kind == "fault":
+            self.faults_done.add(int(msg["index"]))
+            self.fault_times.append(self.clock())
+            self._emit("fault_injected", rec, step=msg.get("step"), kind=msg.get("kind"), index=msg.get("index"), pid=msg.get("pid"))
+        elif kind == "done":
+            self._g(int(msg["gen"])).done[rec.wid] = msg
+        elif kind == "saved":
+            self.saved = msg
+            self._emit("state_saved", rec, step=msg.get("step"), path=msg.get("path"))
+        elif kind == "startup_error":
+            self.fatal = f"worker {rec.wid} on node {rec.node} failed at start-up:\n{msg.get('traceback', '').rstrip()}"
+        else:
+            log.warning("unknown message %r from %s", kind, rec.wid)
+
+    def _on_metrics(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
+        step = int(msg["step"])
+        now = self.clock()
+        self.step_log[step] = {"loss": msg["loss"], "step_s": msg["step_s"], "t": now, "gen": msg.get("gen")}
+        self._emit("step", rec, step=step, loss=msg["loss"], lr=msg.get("lr"), step_s=msg["step_s"])
+        r = self.resuming
+        if r is not None and r.target_step is not None and step > r.target_step:
+            r.t_resumed = now
+            self.resuming = None
+            rep = r.report()
+            self._emit("resumed", rec, step=step, downtime_s=rep["downtime_s"])
+            log.info(
+                "recovered: downtime %.2fs (detect %.2f, reconfigure %.2f, transfer %.2f, resume %.2f)",
+                rep["downtime_s"], rep["detect_s"], rep["reconfigure_s"], rep["transfer_s"], rep["resume_s"],
+            )
+        if step % self.cfg.train.log_every == 0 or step == self.cfg.train.steps:
+            log.info("step %d/%d loss %.4f (%.0f ms/step, generation %s)", step, self.cfg.train.steps, msg["loss"], 1e3 * msg["step_s"], msg.get("gen"))
+
+    def _lost(self, rec: WorkerRec, reason: str) -> None:
+        """A worker is gone (exit, lost connection, silence). Idempotent."""
+        if rec.role == "dead" or self.stopping:
+            return
+        was = rec.role
+        rec.role = "dead"
+        if rec.writer is not None:
+            rec.writer.close()
+        self.launcher.kill_worker(rec.wid)
+        self._emit("failure_detected", rec, reason=reason, role=was)
+        log.warning("worker %s (node %s, rank %s, %s) failed: %s", rec.wid, rec.node, rec.rank, was, reason)
+        if self._t_train is None:
+            self.fatal = self.fatal or f"worker {rec.wid} on node {rec.node} died during start-up: {reason}\n{self._log_tail(rec.wid)}"
+        elif was == "active":
+            self.pending[rec.wid] = (reason, self.clock())
+        else:
+            self._exclude(rec.node, f"spare {rec.wid} failed: {reason}")
+            asyncio.ensure_future(self._refill())
+        self._notify()
+
+    def _exclude(self, node: str, why: str) -> None:
+        if node in self.bad_nodes:
+            return
+        self.bad_nodes.add(node)
+        self.active_nodes.discard(node)
+        self._emit("node_excluded", node=node, reason=why)
+        for w in self.workers.values():  # idle spares of a bad node are never promoted
+            if w.node == node and w.role == "spare":
+                w.role = "dead"
+                self.launcher.kill_worker(w.wid)
+
+    def on_process_exit(self, wid: str, rc: int) -> None:
+        rec = self.workers.get(wid)
+        if rec is not None:
+            self._lost(rec, f"process exited with code {rc}")
+
+    def _log_tail(self, wid: str, lines: int = 30) -> str:
+        try:
+            with open(self.launcher.log_path(wid), encoding="utf-8", errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    async def _heartbeat_watch(self) -> None:
+        c = self.cfg.cluster
+        while not self.stopping:
+            await asyncio.sleep(c.heartbeat_interval_s)
+            live = [w for w in self.workers.values() if w.role != "dead" and w.last_seen is not None]
+            seen = {w.wid: w.last_seen for w in live}
+            for wid, reason in silent_workers(self.clock(), seen, seen.keys(), c.heartbeat_timeout_s):
+                self._lost(self.workers[wid], reason)
+
+    async def _reform_if_unexplained(self, gen: int) -> None:
+        """A survivor saw a collective fail but nobody is known dead: re-form after a grace."""
+        await asyncio.sleep(self.cfg.cluster.heartbeat_timeout_s + self.cfg.cluster.heartbeat_interval_s)
+        if self.gen == gen and not self.pending and not self.stopping:
+            self.reform_requested = True
+            self._notify()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def _start_node(self, name: str, role: str) -> None:
+        for j in range(self.wpn):
+            wid = f"{name}.{j}"
+            self.workers[wid] = WorkerRec(wid, name, j, role)
+        await self.launcher.start_node(name, self.wpn, self.address, self.on_process_exit)
+        self._emit("node_started", node=name, role=role, workers=self.wpn)
+
+    def _make_store(self) -> None:
+        import torch.distributed as dist
+
+        self.store = dist.TCPStore(self.cfg.cluster.bind_host, 0, is_master=True, wait_for_workers=False)
+        self.store_addr = f"{self.cfg.cluster.bind_host}:{self.store.port}"
+
+    async def run(self) -> int:
+        c = self.cfg.cluster
+        loop = asyncio.get_running_loop()
+        self._store_ready = asyncio.Event()
+        server = await asyncio.start_server(self._handle, host=c.bind_host, port=0)
+        self.address = f"{c.bind_host}:{server.sockets[0].getsockname()[1]}"
+        self._emit("job_started", address=self.address, world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
+        log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
+        active, spare = self.launcher.initial_nodes()
+        for name in active:
+            await self._start_node(name, "active")
+        for name in spare:
+            await self._start_node(name, "spare")
+        self.active_nodes = set(active)
+        await loop.run_in_executor(None, self._make_store)
+        self._store_ready.set()
+        watch = asyncio.ensure_future(self._heartbeat_watch())
+        try:
+            code = await self._main()
+        finally:
+            self.stopping = True
+            watch.cancel()
+            await self._shutdown()
+            server.close()
+        return code
+
+    async def _main(self) -> int:
+        c = self.cfg.cluster
+        starters = [w for w in self.workers.values() if w.role == "active"]
+        ok = await self._until(lambda: self.fatal is not None or all(w.built for w in starters), c.startup_timeout_s)
+        if self.fatal or not ok:
+            missing = [w.wid for w in starters if not w.built]
+            self.fatal = self.fatal or f"workers {missing} did not start within cluster.startup_timeout_s={c.startup_timeout_s}s"
+            return self._finish(EXIT_STARTUP, "startup_failed", self.fatal)
+        self.ranks = initial_ranks([(n, [w.wid for w in starters if w.node == n]) for n in sorted({w.node for w in starters}, key=_node_order)])
+        self.gen = 0
+        self._t_train = self.clock()
+        self._assign(self.ranks, 0, {})
+        self._emit("generation_started", world=self.world, step=0)
+        while True:
+            await self._until(lambda: bool(self.pending) or self.reform_requested or self.fatal is not None or self._all_done(), None)
+            if self.fatal:
+                return self._finish(EXIT_FAILED, "failed", self.fatal)
+            if self.pending or self.reform_requested:
+                code = await self._recover()
+                if code is not None:
+                    return code
+                continue
+            return self._complete()
+
+    def _all_done(self) -> bool:
+        done = self._g(self.gen).done
+        return len(done) == self.world and all(w in done for w in self.ranks.values())
+
+    def _assign(self, ranks: Dict[int, str], step: int, sources: Dict[str, List[str]]) -> None:
+        for r, wid in ranks.items():
+            rec = self.workers[wid]
+            rec.rank, rec.role = r, "active"
+            src = [{"worker": s, "host": self.workers[s].host, "port": self.workers[s].state_port} for s in sources.get(wid, [])]
+            self._send(rec, {"type": "assign", "gen": self.gen, "rank": r, "world": self.world, "step": step, "sources": src, "faults_done": sorted(self.faults_done)})
+
+    # ------------------------------------------------------------------ recovery
+    async def _recover(self) -> Optional[int]:
+        c = self.cfg.cluster
+        rec: Optional[Recovery] = None
+        while True:
+            failures, self.pending = self.pending, {}
+            self.reform_requested = False
+            now = self.clock()
+            failed_ranks = sorted(self.workers[w].rank for w in failures if self.workers[w].rank is not None)
+            for wid, (reason, _) in failures.items():
+                self._exclude(self.workers[wid].node, f"worker {wid} failed: {reason}")
+            t_detect = min([t for _, t in failures.values()], default=now)
+            if rec is None:
+                recent = [t for t in self.fault_times if t_detect - c.heartbeat_timeout_s - 2 * c.heartbeat_interval_s <= t <= t_detect]
+                rec = Recovery(self.gen + 1, failed_ranks, [], [], [], t_fail=min(recent, default=t_detect), t_detect=t_detect)
+            else:
+                rec.attempts += 1
+                rec.failed_ranks = sorted(set(rec.failed_ranks) | set(failed_ranks))
+            rec.failed_workers += sorted(failures)
+            rec.failed_nodes = sorted({self.workers[w].node for w in rec.failed_workers})
+            rec.reasons += [r for r, _ in failures.values()]
+            self.gen += 1
+            gen = self.gen
+            survivors = {r: w for r, w in self.ranks.items() if self.workers[w].role == "active"}
+            self._emit("generation_bumped", failed_ranks=failed_ranks, survivors=len(survivors))
+            for w in survivors.values():
+                self._send(self.workers[w], {"type": "abort", "gen": gen})
+            g = self._g(gen)
+            ok = await self._until(lambda: bool(self.pending) or all(w in g.held for w in survivors.values()), c.recovery_timeout_s)
+            if self.pending:
+                continue
+            if not ok:
+                for w in survivors.values():
+                    if w not in g.held:
+                        self._lost(self.workers[w], f"did not hold within cluster.recovery_timeout_s={c.recovery_timeout_s}s")
+                continue
+            held_steps = {w: m.get("step") for w, m in g.held.items()}
+            dead = {w for w in self.ranks.values() if self.workers[w].role == "dead"}
+            spares = [Spare(w.wid, w.node, w.built) for w in self.workers.values() if w.role == "spare"]
+            plan, reason = plan_recovery(self.ranks, dead, held_steps, spares, self.active_nodes, self.bad_nodes)
+            if plan is None:
+                return await self._stop_no_spare(reason, survivors, held_steps)
+            rec.target_step, rec.t_planned = plan.target_step, self.clock()
+            for r, w in plan.promoted.items():
+                self.active_nodes.add(self.workers[w].node)
+                self._emit("spare_promoted", self.workers[w], rank=r, step=plan.target_step)
+            self.ranks = plan.ranks
+            self._assign(self.ranks, plan.target_step, plan.sources)
+            ok = await self._until(lambda: bool(self.pending) or all(w in g.ready for w in self.ranks.values()), c.recovery_timeout_s)
+            if self.pending:
+                continue
+            if not ok:
+                for w in self.ranks.values():
+                    if w not in g.ready:
+                        self._lost(self.workers[w], f"did not join generation {gen} within {c.recovery_timeout_s}s")
+                continue
+            break
+        rec.gen = self.gen
+        rec.t_ready = self.clock()
+        rec.replacements = {str(r): w for r, w in plan.promoted.items()}
+        rec.transfer_s = max([f.get("seconds", 0.0) for f in g.fetched], default=0.0)
+        rec.bytes_transferred = sum(int(f.get("bytes", 0)) for f in g.fetched)
+        rec.survivors_restarted = sum(1 for w, m in g.held.items() if w in g.ready and g.ready[w].get("pid") != m.get("pid"))
+        self.recoveries.append(rec)
+        self.resuming = rec
+        self._emit("reformed", step=plan.target_step, world=self.world, replacements=rec.replacements, bytes=rec.bytes_transferred)
+        if c.refill_spares:
+            for _ in plan.promoted:
+                asyncio.ensure_future(self._refill())
+        return None
+
+    async def _refill(self) -> None:
+        if self.stopping or not self.cfg.cluster.refill_spares:
+            return
+        need = self.cfg.cluster.spare_nodes - len({w.node for w in self.workers.values() if w.role == "spare"})
+        if need <= 0:
+            return
+        name = self.launcher.free_node()
+        if name is None:
+            self._emit("refill_skipped", reason="no free node left")
+            return
+        await self._start_node(name, "spare")
+        self._emit("spare_launched", node=name)
+
+    async def _stop_no_spare(self, reason: str, survivors: Dict[int, str], held: Dict[str, Any]) -> int:
+        c = self.cfg.cluster
+        steps = {w: s for w, s in held.items() if s is not None}
+        path = os.path.join(self.run_dir, "state", "emergency.pt")
+        msg = f"cannot continue: {reason}. "
+        if steps:
+            target = max(steps.values())
+            holder = next(w for r, w in sorted(survivors.items()) if steps.get(w) == target)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._send(self.workers[holder], {"type": "stop", "save": path})
+            await self._until(lambda: self.saved is not None or self.workers[holder].role == "dead", c.recovery_timeout_s)
+            msg += f"State of step {target} saved to {path}. " if self.saved else "Saving the state failed. "
+        msg += "HINT: raise cluster.spare_nodes (or cluster.max_refills) so that a spare is left for every failure you expect"
+        self._emit("no_spare", reason=reason, saved=self.saved)
+        log.error(msg)
+        return self._finish(EXIT_NO_SPARE, "no_spare", msg)
+
+    # ------------------------------------------------------------------ the end
+    def _complete(self) -> int:
+        done = self._g(self.gen).done
+        hashes = {m["sha256"] for m in done.values()}
+        if len(hashes) != 1:
+            detail = {self.workers[w].rank: m["sha256"][:12] for w, m in done.items()}
+            return self._finish(EXIT_FAILED, "failed", f"replicas diverged: state hashes by rank {detail}")
+        self._emit("replicas_verified", step=self.cfg.train.steps, sha256=next(iter(hashes)), ranks=len(done))
+        return self._finish(EXIT_OK, "completed", None, final_sha=next(iter(hashes)))
+
+    def _finish(self, code: int, status: str, error: Optional[str], final_sha: Optional[str] = None) -> int:
+        self.stopping = True
+        now = self.clock()
+        t_train = self._t_train or now
+        final = {s: v for s, v in self.step_log.items()}
+        productive = sum(v["step_s"] for v in final.values())
+        wall = now - t_train
+        summary = {
+            "job": self.job_id,
+            "status": status,
+            "exit_code": code,
+            "error": error,
+            "steps_completed": max(final, default=0),
+            "steps_requested": self.cfg.train.steps,
+            "final_state_sha256": final_sha,
+            "world_size": self.world,
+            "generations": self.gen + 1,
+            "startup_s": round(t_train - self._t_start, 3),
+            "wall_s": round(wall, 3),
+            "productive_s": round(productive, 3),
+            "goodput": round(goodput(productive, wall), 4),
+            "final_loss": final[max(final)]["loss"] if final else None,
+            "faults": fault_list(self.cfg.fault),
+            "faults_fired": sorted(self.faults_done),
+            "excluded_nodes": sorted(self.bad_nodes),
+            "recoveries": [r.report() for r in self.recoveries],
+            "saved_state": self.saved,
+            "run_dir": self.run_dir,
+        }
+        with open(os.path.join(self.run_dir, "summary.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+        self._emit("job_finished", status=status, exit_code=code, error=error)
+        self.summary = summary
+        return code
+
+    async def _shutdown(self) -> None:
+        for w in self.workers.values():
+            if w.role != "dead":
+                self._send(w, {"type": "stop"})
+        await self.launcher.shutdown(self.cfg.cluster.exit_timeout_s)
+        self.events.close()
+
+
+def _node_order(name: str) -> tuple:
+    digits = "".join(ch for ch in name if ch.isdigit())
+    return (name.rstrip("0123456789"), int(digits) if digits else -1, name)

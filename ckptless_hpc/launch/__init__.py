@@ -1,0 +1,1 @@
+"""How a job starts: local processes here, or a Slurm submission (launch.slurm)."""

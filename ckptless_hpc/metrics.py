@@ -1,0 +1,71 @@
+"""Event log (events.jsonl), recovery phase timings and goodput arithmetic."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any, Dict, List, Optional
+
+
+class EventLog:
+    """One JSON object per line; every event says job, generation, rank, node and step."""
+
+    def __init__(self, path: str, job: str, clock: Any = time.time) -> None:
+        self._f: IO[str] = open(path, "a", encoding="utf-8")
+        self.job = job
+        self._clock = clock
+        self.t0 = clock()
+
+    def emit(self, event: str, *, gen: Optional[int] = None, rank: Optional[int] = None, node: Optional[str] = None, step: Optional[int] = None, **fields: Any) -> Dict[str, Any]:
+        now = self._clock()
+        rec = {"event": event, "time": round(now, 6), "t": round(now - self.t0, 6), "job": self.job, "gen": gen, "rank": rank, "node": node, "step": step}
+        rec.update(fields)
+        self._f.write(json.dumps(rec, separators=(",", ":"), default=str) + "\n")
+        self._f.flush()
+        return rec
+
+    def close(self) -> None:
+        self._f.close()
+
+
+@dataclass
+class Recovery:
+    """One recovery: what failed, what replaced it, and what each phase cost (seconds)."""
+
+    gen: int
+    failed_ranks: List[int]
+    failed_nodes: List[str]
+    failed_workers: List[str]
+    reasons: List[str]
+    t_fail: float
+    t_detect: float
+    replacements: Dict[str, str] = field(default_factory=dict)  # rank -> worker
+    target_step: Optional[int] = None
+    t_planned: Optional[float] = None
+    t_ready: Optional[float] = None
+    t_resumed: Optional[float] = None
+    transfer_s: float = 0.0
+    bytes_transferred: int = 0
+    survivors_restarted: int = 0
+    attempts: int = 1
+
+    def report(self) -> Dict[str, Any]:
+        d = asdict(self)
+        detect = self.t_detect - self.t_fail
+        ready = (self.t_ready or self.t_detect) - self.t_detect
+        d.update(
+            detect_s=round(detect, 4),
+            reconfigure_s=round(max(ready - self.transfer_s, 0.0), 4),
+            transfer_s=round(self.transfer_s, 4),
+            resume_s=round((self.t_resumed - self.t_ready) if self.t_resumed and self.t_ready else 0.0, 4),
+            downtime_s=round((self.t_resumed - self.t_fail) if self.t_resumed else 0.0, 4),
+        )
+        for k in ("t_fail", "t_detect", "t_planned", "t_ready", "t_resumed"):
+            d.pop(k)
+        return d
+
+
+def goodput(productive_s: float, wall_s: float) -> float:
+    """Fraction of wall time (after start-up) spent in steps that count."""
+    return 0.0 if wall_s <= 0 else min(1.0, productive_s / wall_s)

@@ -1,0 +1,146 @@
+"""Wire format shared by the control channel and the state-transfer endpoints.
+
+A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON. Frames larger
+than ``MAX_FRAME`` are refused before they are read. Every connection starts with an HMAC
+challenge: the server sends a fresh nonce, the client answers HMAC-SHA256(secret, nonce), and
+only then is anything else accepted. The per-job secret reaches workers through the
+environment of their process (``SECRET_ENV``) or a file readable only by the job's user, never
+through a command line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import socket
+import struct
+from typing import Any, Dict, Optional
+
+MAX_FRAME = 1 << 20
+SECRET_ENV = "CKPTLESS_SECRET"
+SECRET_FILE_ENV = "CKPTLESS_SECRET_FILE"
+_HDR = struct.Struct(">I")
+_DOMAIN = b"ckptless-hpc/v1|"
+
+
+class ProtocolError(Exception):
+    """A peer broke the protocol: bad length, bad JSON, failed authentication."""
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def load_secret(env: Optional[Dict[str, str]] = None) -> str:
+    env = os.environ if env is None else env
+    if env.get(SECRET_ENV):
+        return env[SECRET_ENV]
+    path = env.get(SECRET_FILE_ENV)
+    if path:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    raise ProtocolError(
+        f"no job secret: neither {SECRET_ENV} nor {SECRET_FILE_ENV} is set. "
+        "HINT: workers are started by the coordinator, which hands them the secret; do not start them by hand"
+    )
+
+
+def mac(secret: str, nonce: str) -> str:
+    return hmac.new(secret.encode(), _DOMAIN + nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def encode(msg: Dict[str, Any]) -> bytes:
+    body = json.dumps(msg, separators=(",", ":")).encode()
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte frame limit")
+    return _HDR.pack(len(body)) + body
+
+
+def decode(body: bytes) -> Dict[str, Any]:
+    try:
+        msg = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProtocolError(f"malformed frame: {e}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ProtocolError("malformed frame: not an object with a string 'type'")
+    return msg
+
+
+def _check_len(n: int) -> int:
+    if n > MAX_FRAME:
+        raise ProtocolError(f"frame length {n} exceeds the {MAX_FRAME}-byte limit")
+    return n
+
+
+# ---------------------------------------------------------------------------- blocking side
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError(f"connection closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def recv_msg(sock: socket.socket) -> Dict[str, Any]:
+    (n,) = _HDR.unpack(recv_exact(sock, 4))
+    return decode(recv_exact(sock, _check_len(n)))
+
+
+def send_msg(sock: socket.socket, msg: Dict[str, Any]) -> None:
+    sock.sendall(encode(msg))
+
+
+def client_handshake(sock: socket.socket, secret: str) -> None:
+    challenge = recv_msg(sock)
+    if challenge.get("type") != "challenge" or not isinstance(challenge.get("nonce"), str):
+        raise ProtocolError(f"expected a challenge, got {challenge.get('type')!r}")
+    send_msg(sock, {"type": "auth", "mac": mac(secret, challenge["nonce"])})
+    reply = recv_msg(sock)
+    if reply.get("type") != "welcome":
+        raise ProtocolError(f"authentication refused by the server: {reply}")
+
+
+def server_handshake(sock: socket.socket, secret: str) -> None:
+    nonce = secrets.token_hex(16)
+    send_msg(sock, {"type": "challenge", "nonce": nonce})
+    answer = recv_msg(sock)
+    if answer.get("type") != "auth" or not hmac.compare_digest(str(answer.get("mac", "")), mac(secret, nonce)):
+        raise ProtocolError("authentication failed: wrong or missing MAC")
+    send_msg(sock, {"type": "welcome"})
+
+
+def connect(host: str, port: int, secret: str, timeout_s: float = 10.0) -> socket.socket:
+    sock = socket.create_connection((host, port), timeout=timeout_s)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    client_handshake(sock, secret)
+    sock.settimeout(None)
+    return sock
+
+
+# ---------------------------------------------------------------------------- asyncio side
+
+
+async def arecv_msg(reader: asyncio.StreamReader) -> Dict[str, Any]:
+    (n,) = _HDR.unpack(await reader.readexactly(4))
+    return decode(await reader.readexactly(_check_len(n)))
+
+
+async def aserver_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str, timeout_s: float) -> None:
+    nonce = secrets.token_hex(16)
+    writer.write(encode({"type": "challenge", "nonce": nonce}))
+    await writer.drain()
+    answer = await asyncio.wait_for(arecv_msg(reader), timeout_s)
+    if answer.get("type") != "auth" or not hmac.compare_digest(str(answer.get("mac", "")), mac(secret, nonce)):
+        raise ProtocolError("authentication failed: wrong or missing MAC")
+    writer.write(encode({"type": "welcome"}))
+    await writer.drain()

@@ -1,0 +1,1 @@
+"""Training state: canonical snapshot, checksums and peer-to-peer transfer."""

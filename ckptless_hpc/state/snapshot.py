@@ -1,0 +1,88 @@
+"""The training state as one canonical, ordered list of named tensors plus JSON metadata.
+
+Model parameters and buffers, optimizer state and whatever the task registers are
+transferred; data position, RNG and LR schedule are derived from (seed, step, rank) and never
+are. The same canonical order gives ``state_sha256``, the test oracle's fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Dict, List, Tuple
+
+import torch
+
+Entries = List[Tuple[str, torch.Tensor]]
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """The raw bytes of a tensor (CPU, contiguous), without a copy where possible."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+def collect_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, step: int) -> Tuple[Entries, Dict[str, Any]]:
+    """Views of the live state (no copies) in canonical order, plus metadata."""
+    entries: Entries = [(f"model.{k}", v) for k, v in model.state_dict().items()]
+    sd = optimizer.state_dict()
+    scalars: Dict[str, Any] = {}
+    for i in sorted(sd["state"]):
+        for k in sorted(sd["state"][i]):
+            v = sd["state"][i][k]
+            if torch.is_tensor(v):
+                entries.append((f"optim.{i}.{k}", v))
+            else:
+                scalars[f"{i}.{k}"] = v
+    task_scalars: Dict[str, Any] = {}
+    for k, v in sorted((task.state_dict() or {}).items()):
+        if torch.is_tensor(v):
+            entries.append((f"task.{k}", v))
+        else:
+            task_scalars[k] = v
+    meta = {"step": step, "param_groups": sd["param_groups"], "optim_scalars": scalars, "task_scalars": task_scalars}
+    return entries, json.loads(json.dumps(meta))
+
+
+def apply_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, entries: Entries, meta: Dict[str, Any]) -> None:
+    """Load a received state into a built model/optimizer/task (the inverse of collect_state)."""
+    model_sd: Dict[str, torch.Tensor] = {}
+    opt_state: Dict[int, Dict[str, Any]] = {}
+    task_sd: Dict[str, Any] = dict(meta.get("task_scalars", {}))
+    for name, t in entries:
+        kind, _, rest = name.partition(".")
+        if kind == "model":
+            model_sd[rest] = t
+        elif kind == "optim":
+            i, _, k = rest.partition(".")
+            opt_state.setdefault(int(i), {})[k] = t
+        elif kind == "task":
+            task_sd[rest] = t
+        else:
+            raise ValueError(f"state entry {name!r} has an unknown section {kind!r}")
+    for key, v in meta.get("optim_scalars", {}).items():
+        i, _, k = key.partition(".")
+        opt_state.setdefault(int(i), {})[k] = v
+    model.load_state_dict(model_sd, strict=True)
+    optimizer.load_state_dict({"state": opt_state, "param_groups": meta["param_groups"]})
+    if task_sd:
+        task.load_state_dict(task_sd)
+
+
+def state_sha256(entries: Entries, meta: Dict[str, Any]) -> str:
+    """Fingerprint of the state: names, dtypes, shapes, raw bytes and metadata, in order."""
+    h = hashlib.sha256()
+    for name, t in entries:
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(byte_view(t))
+    h.update(json.dumps(meta, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def state_nbytes(entries: Entries) -> int:
+    return sum(t.numel() * t.element_size() for _, t in entries)

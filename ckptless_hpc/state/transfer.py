@@ -1,0 +1,163 @@
+"""Peer-to-peer state transfer over authenticated TCP.
+
+Every worker runs a ``StateServer``. A replacement connects to the source the coordinator
+chose, proves it knows the job secret, and asks for the state of (generation, step). The
+source answers only while it holds exactly that step (a request for any other step is refused
+with both step numbers), streams a header, the raw tensor bytes in canonical order and a
+CRC32 trailer. The receiver checks length and checksum before anything is trained on.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+
+from .. import protocol
+from .snapshot import Entries, byte_view
+
+log = logging.getLogger(__name__)
+
+MAX_HEADER = 64 << 20
+_DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
+
+
+class StaleState(Exception):
+    """The source does not hold the requested (generation, step)."""
+
+
+class TransferError(Exception):
+    """A transfer failed: refused, truncated, or checksum mismatch."""
+
+
+Provider = Callable[[int, int], Tuple[Entries, Dict[str, Any]]]
+
+
+@dataclass
+class Received:
+    entries: Entries
+    meta: Dict[str, Any]
+    nbytes: int
+    seconds: float
+
+
+def _recv_big(sock: socket.socket) -> Dict[str, Any]:
+    (n,) = struct.unpack(">I", protocol.recv_exact(sock, 4))
+    if n > MAX_HEADER:
+        raise protocol.ProtocolError(f"state header of {n} bytes exceeds {MAX_HEADER}")
+    return protocol.decode(protocol.recv_exact(sock, n))
+
+
+def _send_big(sock: socket.socket, msg: Dict[str, Any]) -> None:
+    import json
+
+    body = json.dumps(msg, separators=(",", ":")).encode()
+    sock.sendall(struct.pack(">I", len(body)) + body)
+
+
+class StateServer:
+    """Serves this worker's committed state to authenticated peers (one thread per request)."""
+
+    def __init__(self, bind_host: str, secret: str, provider: Provider, describe: str = "") -> None:
+        self._secret = secret
+        self._provider = provider
+        self._describe = describe
+        self._sock = socket.create_server((bind_host, 0), backlog=64)
+        self.host = bind_host
+        self.port = self._sock.getsockname()[1]
+        self.refused = 0
+        threading.Thread(target=self._accept_loop, name="state-server", daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, addr = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn, addr), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, addr: Any) -> None:
+        try:
+            conn.settimeout(30.0)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            protocol.server_handshake(conn, self._secret)
+            req = protocol.recv_msg(conn)
+            if req.get("type") != "fetch":
+                raise protocol.ProtocolError(f"expected fetch, got {req.get('type')!r}")
+            try:
+                entries, meta = self._provider(int(req["gen"]), int(req["step"]))
+            except StaleState as e:
+                protocol.send_msg(conn, {"type": "refused", "reason": str(e)})
+                return
+            conn.settimeout(None)
+            header = [{"name": n, "dtype": str(t.dtype), "shape": list(t.shape)} for n, t in entries]
+            _send_big(conn, {"type": "state", "entries": header, "meta": meta})
+            crc = 0
+            for _, t in entries:
+                mv = byte_view(t)
+                conn.sendall(mv)
+                crc = zlib.crc32(mv, crc)
+            protocol.send_msg(conn, {"type": "end", "crc32": crc})
+        except (protocol.ProtocolError, ConnectionError, OSError, ValueError, KeyError) as e:
+            self.refused += 1
+            log.warning("%sstate request from %s rejected: %s", self._describe, addr, e)
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def fetch_state(host: str, port: int, secret: str, gen: int, step: int, timeout_s: float) -> Received:
+    """Fetch (gen, step) from a peer's StateServer; raises TransferError on any problem."""
+    t0 = time.monotonic()
+    try:
+        sock = protocol.connect(host, port, secret, timeout_s=timeout_s)
+    except (OSError, protocol.ProtocolError) as e:
+        raise TransferError(f"cannot reach state source {host}:{port}: {e}") from None
+    try:
+        sock.settimeout(timeout_s)
+        protocol.send_msg(sock, {"type": "fetch", "gen": gen, "step": step})
+        head = _recv_big(sock)
+        if head["type"] == "refused":
+            raise TransferError(f"source {host}:{port} refused: {head.get('reason')}")
+        entries: Entries = []
+        crc = 0
+        nbytes = 0
+        for e in head["entries"]:
+            dtype = _DTYPES.get(e["dtype"])
+            if dtype is None:
+                raise TransferError(f"unsupported dtype {e['dtype']} for {e['name']}")
+            t = torch.empty(e["shape"], dtype=dtype)
+            mv = byte_view(t)
+            got = 0
+            while got < len(mv):
+                k = sock.recv_into(mv[got:])
+                if k == 0:
+                    raise TransferError(f"transfer truncated in {e['name']} after {nbytes + got} bytes")
+                got += k
+            crc = zlib.crc32(mv, crc)
+            nbytes += len(mv)
+            entries.append((e["name"], t))
+        trailer = protocol.recv_msg(sock)
+        if trailer.get("type") != "end" or trailer.get("crc32") != crc:
+            raise TransferError(f"checksum mismatch from {host}:{port}: got crc32 {crc}, source says {trailer.get('crc32')}")
+        if head["meta"].get("step") != step:
+            raise TransferError(f"source sent step {head['meta'].get('step')}, asked for step {step}")
+        return Received(entries, head["meta"], nbytes, time.monotonic() - t0)
+    except (OSError, ConnectionError, protocol.ProtocolError, KeyError) as e:
+        raise TransferError(f"transfer from {host}:{port} failed: {e}") from None
+    finally:
+        sock.close()
+
+
+def close_quietly(server: Optional[StateServer]) -> None:
+    if server is not None:
+        server.close()

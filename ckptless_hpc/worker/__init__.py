@@ -1,0 +1,1 @@
+"""Worker runtime: training loop, process-group (re)formation, heartbeats, state serving."""

@@ -1,0 +1,76 @@
+"""The worker's end of the control channel: one socket, a reader thread, a heartbeat thread."""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, Optional
+
+from .. import protocol
+
+log = logging.getLogger(__name__)
+
+
+class ControlClient:
+    """Sends messages (thread-safe) and queues what the coordinator says.
+
+    ``on_message`` runs in the reader thread for every message before it is queued, so an
+    abort can wake a main thread that is blocked in a collective. Losing the coordinator calls
+    ``on_lost`` (the worker then exits: a worker never outlives its job's coordinator).
+    """
+
+    def __init__(self, sock: socket.socket, on_message: Callable[[Dict[str, Any]], None], on_lost: Callable[[str], None]) -> None:
+        self._sock = sock
+        self._lock = threading.Lock()
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self.inbox: "queue.Queue[Dict[str, Any]]" = queue.Queue()
+        self.heartbeat_fields: Callable[[], Dict[str, Any]] = lambda: {}
+        threading.Thread(target=self._read_loop, name="control-reader", daemon=True).start()
+
+    @classmethod
+    def connect(cls, address: str, secret: str, **kw: Any) -> "ControlClient":
+        host, _, port = address.rpartition(":")
+        return cls(protocol.connect(host, int(port), secret), **kw)
+
+    def send(self, msg: Dict[str, Any]) -> None:
+        msg.setdefault("t", time.time())
+        data = protocol.encode(msg)
+        try:
+            with self._lock:
+                self._sock.sendall(data)
+        except OSError as e:
+            self._on_lost(f"send failed: {e}")
+
+    def start_heartbeats(self, interval_s: float) -> None:
+        def beat() -> None:
+            while True:
+                self.send({"type": "hb", **self.heartbeat_fields()})
+                time.sleep(interval_s)
+
+        threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                msg = protocol.recv_msg(self._sock)
+                self._on_message(msg)
+                self.inbox.put(msg)
+        except (OSError, ConnectionError, protocol.ProtocolError) as e:
+            self._on_lost(f"control channel closed: {e}")
+
+    def next_message(self, timeout_s: Optional[float] = None) -> Optional[Dict[str, Any]]:
+        try:
+            return self.inbox.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+
+def exit_now(code: int) -> None:
+    """Leave without running finalizers: an abandoned process group may hold threads forever."""
+    logging.shutdown()
+    os._exit(code)

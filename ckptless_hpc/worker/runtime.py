@@ -1,0 +1,381 @@
+"""One worker process: a rank of the data-parallel job, or a hot spare waiting for one.
+
+Lifecycle: import torch, connect and authenticate to the coordinator, receive the config,
+build the task, model and optimizer (spares too: promotion costs no process start), then obey
+the coordinator: ``assign`` (join generation g as rank r at step s, fetching the state from a
+peer first when this process does not hold step s), ``abort`` (abandon the in-flight step and
+report the committed step held), ``stop``.
+
+Bitwise reproducibility: gradients live in one flat buffer reduced in a fixed order, the
+global RNG and the data generator are re-seeded from (seed, step, rank) every step, the LR is
+a function of the step, and the intra-op thread count is fixed by ``train.threads``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from .. import faults as faultlib
+from .. import protocol
+from ..state.snapshot import apply_state, collect_state, state_nbytes, state_sha256
+from ..state.transfer import StaleState, StateServer, TransferError, fetch_state
+from .control import ControlClient, exit_now
+from .groups import connect_store, device_for, form_group
+
+log = logging.getLogger("ckptless_hpc.worker")
+
+EXIT_COORDINATOR_LOST = 17
+EXIT_STARTUP_ERROR = 18
+BUCKET_ELEMS = 4 << 20  # 16 MB of float32 per allreduce
+
+
+class Aborted(Exception):
+    """The coordinator started a new generation; the in-flight work is abandoned."""
+
+
+class CollectiveError(Exception):
+    """A collective failed or timed out (a peer died or hung)."""
+
+
+class _Context(logging.Filter):
+    """Stamps every log record with job, generation, rank, node and step."""
+
+    def __init__(self, fields: Dict[str, Any]) -> None:
+        super().__init__()
+        self.fields = fields
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for k, v in self.fields.items():
+            setattr(record, k, v)
+        return True
+
+
+class Worker:
+    def __init__(self, node: str, local_index: int, coordinator: str, host: str, secret: str) -> None:
+        self.node = node
+        self.local_index = local_index
+        self.coordinator = coordinator
+        self.host = host
+        self.secret = secret
+        self.ctx: Dict[str, Any] = {"job": "-", "gen": "-", "rank": "spare", "node": node, "step": "-"}
+        self.gen = -1
+        self.rank: Optional[int] = None
+        self.world = 0
+        self.step: Optional[int] = None  # committed step of the state held; None = no valid state
+        self.abort_gen = -1
+        self.training = False
+        self.faults_done: set = set()
+        self.pg: Any = None
+        self._abandoned: List[Any] = []
+        self._wake = threading.Event()
+        self._stopping = False
+
+    # ------------------------------------------------------------------ set-up
+    def start(self) -> None:
+        self.client = ControlClient.connect(self.coordinator, self.secret, on_message=self._on_message, on_lost=self._on_lost)
+        self.client.send({"type": "hello", "node": self.node, "local": self.local_index, "pid": os.getpid(), "host": self.host})
+        msg = self.client.next_message(timeout_s=60)
+        if msg is None or msg.get("type") != "config":
+            log.error("expected the config from the coordinator, got %r", msg)
+            exit_now(EXIT_STARTUP_ERROR)
+        self.worker_id = msg["worker_id"]
+        self.ctx["job"] = msg.get("job", "-")
+        # heartbeats start before the (possibly slow) build so that building is not silence
+        self.client.heartbeat_fields = lambda: {"gen": self.gen, "step": self.step, "training": self.training}
+        self.client.start_heartbeats(float(msg["config"]["cluster"]["heartbeat_interval_s"]))
+        try:
+            self._build(msg["config"], msg["store"])
+        except Exception:
+            tb = traceback.format_exc()
+            log.error("start-up failed:\n%s", tb)
+            self.client.send({"type": "startup_error", "traceback": tb})
+            time.sleep(0.2)
+            exit_now(EXIT_STARTUP_ERROR)
+        self.client.send(
+            {"type": "built", "state_port": self.server.port, "pid": os.getpid(), "state_bytes": self.state_bytes, "params": self.n_params}
+        )
+
+    def _build(self, config: Dict[str, Any], store_addr: str) -> None:
+        from hydra.utils import instantiate
+        from omegaconf import OmegaConf
+
+        self.cfg = OmegaConf.create(config)
+        torch.set_num_threads(self.cfg.train.threads)
+        self.device = device_for(self.local_index)
+        self.task = instantiate(self.cfg.task)
+        torch.manual_seed(self.cfg.train.seed)
+        self.model = self.task.build_model().to(self.device)
+        self.optimizer = self.task.build_optimizer(self.model, self.cfg.optim)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) != 1:
+            raise ValueError(f"task parameters have several dtypes {sorted(map(str, dtypes))}. HINT: use one dtype for trainable parameters")
+        self.n_params = sum(p.numel() for p in params)
+        # gradients are views of one flat buffer (+1 slot for the loss): reduced in a fixed order
+        self.flat = torch.zeros(self.n_params + 1, dtype=params[0].dtype, device=self.device)
+        off = 0
+        for p in params:
+            p.grad = self.flat[off : off + p.numel()].view_as(p)
+            off += p.numel()
+        self.buckets = [self.flat[i : i + BUCKET_ELEMS] for i in range(0, self.flat.numel(), BUCKET_ELEMS)]
+        entries, _ = collect_state(self.model, self.optimizer, self.task, 0)
+        self.state_bytes = state_nbytes(entries)
+        self.faults = faultlib.faults_from_config(self.cfg)
+        host, _, port = store_addr.rpartition(":")
+        self.store = connect_store(host, int(port), self.cfg.cluster.recovery_timeout_s)
+        self.server = StateServer(self.host, self.secret, self._provide, describe=f"[{self.node}] ")
+        self.step = 0  # a freshly built model is the state of step 0 on every worker (seeded init)
+        log.info("built %s; state %.1f MB; serving state on %s:%d", self.task.describe(), self.state_bytes / 1e6, self.host, self.server.port)
+
+    # ------------------------------------------------------------------ control
+    def _on_message(self, msg: Dict[str, Any]) -> None:
+        if msg.get("type") == "abort":
+            self.abort_gen = max(self.abort_gen, int(msg["gen"]))
+            self._wake.set()
+        elif msg.get("type") == "stop":
+            self._stopping = True
+            self._wake.set()
+
+    def _on_lost(self, why: str) -> None:
+        if self._stopping:
+            exit_now(0)
+        log.error("lost the coordinator (%s); exiting: a worker never outlives its coordinator", why)
+        exit_now(EXIT_COORDINATOR_LOST)
+
+    def serve_forever(self) -> None:
+        while True:
+            msg = self.client.next_message()
+            kind = msg["type"]
+            if kind == "assign":
+                self._on_assign(msg)
+            elif kind == "abort":
+                self._send_held(int(msg["gen"]), reason="abort")
+            elif kind == "stop":
+                self._on_stop(msg)
+            else:
+                log.warning("ignoring unknown message %r", kind)
+
+    def _send_held(self, abort_gen: Optional[int], reason: str) -> None:
+        self.client.send({"type": "held", "gen": self.gen, "abort_gen": abort_gen, "step": self.step, "pid": os.getpid(), "reason": reason})
+
+    # ------------------------------------------------------------------ waiting, interruptibly
+    def _wait_until(self, done: Callable[[], bool], gen: int, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if done():
+                return "done"
+            if self.abort_gen > gen or self._stopping:
+                return "abort"
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            self._wake.wait(remaining)
+            self._wake.clear()
+
+    def _interruptible(self, fn: Callable[[], Any], gen: int, timeout_s: float, what: str) -> Any:
+        box: Dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+                box["error"] = e
+            finally:
+                box["done"] = True
+                self._wake.set()
+
+        threading.Thread(target=run, name=what, daemon=True).start()
+        outcome = self._wait_until(lambda: "done" in box, gen, timeout_s)
+        if outcome == "abort":
+            raise Aborted(what)
+        if outcome == "timeout":
+            raise CollectiveError(f"{what} timed out after {timeout_s:.1f}s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    # ------------------------------------------------------------------ generations
+    def _on_assign(self, msg: Dict[str, Any]) -> None:
+        gen = int(msg["gen"])
+        if self.abort_gen > gen:
+            return  # superseded before we got to it; the abort that follows gets our answer
+        self.gen, self.rank, self.world = gen, int(msg["rank"]), int(msg["world"])
+        self.faults_done = set(msg.get("faults_done", []))
+        self.ctx.update(gen=gen, rank=self.rank)
+        target = int(msg["step"])
+        timeout_s = self.cfg.cluster.recovery_timeout_s
+        try:
+            if self.step != target:
+                self._fetch(msg.get("sources", []), gen, target, timeout_s)
+            t0 = time.monotonic()
+            self.pg = self._interruptible(
+                lambda: form_group(self.store, gen, self.rank, self.world, self.host, self.cfg.cluster.collective_timeout_s, self.device),
+                gen,
+                timeout_s,
+                "form-group",
+            )
+        except Aborted:
+            return
+        except (CollectiveError, TransferError) as e:
+            log.error("generation %d could not start: %s", gen, e)
+            self._send_held(None, reason=f"start failed: {e}")
+            return
+        self.client.send({"type": "ready", "gen": gen, "rank": self.rank, "pid": os.getpid(), "form_s": time.monotonic() - t0})
+        log.info("generation %d formed: rank %d of %d at step %d", gen, self.rank, self.world, self.step)
+        self._train(gen)
+
+    def _fetch(self, sources: List[Dict[str, Any]], gen: int, target: int, timeout_s: float) -> None:
+        if not sources:
+            raise TransferError(f"step {target} needed but the coordinator named no source")
+        errors = []
+        for src in sources:
+            try:
+                got = self._interruptible(
+                    lambda: fetch_state(src["host"], int(src["port"]), self.secret, gen, target, timeout_s), gen, timeout_s, "fetch-state"
+                )
+            except TransferError as e:
+                errors.append(str(e))
+                log.warning("state fetch from %s failed: %s", src.get("worker"), e)
+                self.client.send({"type": "transfer_error", "gen": gen, "source": src.get("worker"), "error": str(e)})
+                continue
+            t0 = time.monotonic()
+            apply_state(self.model, self.optimizer, self.task, got.entries, got.meta)
+            self.step = target
+            self.ctx["step"] = target
+            self.client.send(
+                {"type": "fetched", "gen": gen, "source": src.get("worker"), "bytes": got.nbytes, "seconds": got.seconds, "apply_s": time.monotonic() - t0}
+            )
+            log.info("received %.1f MB of state at step %d from %s in %.3fs (checksum ok)", got.nbytes / 1e6, target, src.get("worker"), got.seconds)
+            return
+        raise TransferError("; ".join(errors))
+
+    def _provide(self, gen: int, step: int) -> Any:
+        if self.training or self.step != step:
+            raise StaleState(f"{self.node} holds step {self.step} (training={self.training}); asked for step {step} of generation {gen}")
+        return collect_state(self.model, self.optimizer, self.task, self.step)
+
+    def _abandon_group(self) -> None:
+        if self.pg is not None:
+            self._abandoned.append(self.pg)
+            self.pg = None
+
+    # ------------------------------------------------------------------ training
+    def _train(self, gen: int) -> None:
+        steps = self.cfg.train.steps
+        self.training = True
+        try:
+            while self.step < steps:
+                if self.abort_gen > gen or self._stopping:
+                    self._abandon_group()
+                    return
+                self._one_step(gen)
+        except Aborted:
+            self._abandon_group()
+            return
+        except CollectiveError as e:
+            self._abandon_group()
+            log.warning("collective failed at step %d: %s", self.step, e)
+            self.training = False
+            self._send_held(None, reason=f"collective error: {e}")
+            return
+        finally:
+            self.training = False
+        entries, meta = collect_state(self.model, self.optimizer, self.task, self.step)
+        self.client.send({"type": "done", "gen": gen, "rank": self.rank, "step": self.step, "sha256": state_sha256(entries, meta)})
+
+    def _one_step(self, gen: int) -> None:
+        from ..tasks.base import lr_at, mix_seed
+
+        step, rank, world, cfg = self.step, self.rank, self.world, self.cfg
+        t0 = time.perf_counter()
+        torch.manual_seed(mix_seed(cfg.train.seed, step, rank))
+        generator = torch.Generator().manual_seed(mix_seed(cfg.train.seed, step, rank, 1))
+        batch = self.task.batch(step, rank, world, generator)
+        self.model.train()
+        self.flat.zero_()
+        loss = self.task.loss(self.model, batch)
+        loss.backward()
+        self.flat[-1] = loss.detach()
+        fault = faultlib.due(self.faults, self.faults_done, rank, cfg.cluster.workers_per_node, step)
+        if fault is not None:
+            self.client.send({"type": "fault", "index": fault.index, "kind": fault.kind, "gen": gen, "rank": rank, "step": step, "pid": os.getpid()})
+            log.warning("injecting fault: %s", fault.describe())
+            faultlib.fire(fault)
+        futures = []
+        for b in self.buckets:
+            fut = self.pg.allreduce([b]).get_future()
+            fut.add_done_callback(lambda _f: self._wake.set())
+            futures.append(fut)
+        outcome = self._wait_until(lambda: all(f.done() for f in futures), gen, cfg.cluster.collective_timeout_s)
+        if outcome == "abort":
+            raise Aborted("allreduce")
+        if outcome == "timeout":
+            raise CollectiveError(f"allreduce at step {step} timed out after {cfg.cluster.collective_timeout_s}s")
+        try:
+            for f in futures:
+                f.wait()
+        except Exception as e:  # gloo raises RuntimeError subclasses on a lost peer
+            raise CollectiveError(f"allreduce at step {step}: {e}") from None
+        self.flat.div_(world)
+        lr = lr_at(step, lr=cfg.optim.lr, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.train.steps, min_lr_ratio=cfg.optim.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.step = step + 1
+        self.ctx["step"] = self.step
+        if rank == 0:
+            self.client.send(
+                {"type": "metrics", "gen": gen, "step": self.step, "loss": float(self.flat[-1]), "lr": lr, "step_s": time.perf_counter() - t0}
+            )
+
+    # ------------------------------------------------------------------ stop
+    def _on_stop(self, msg: Dict[str, Any]) -> None:
+        path = msg.get("save")
+        if path and self.step is not None:
+            entries, meta = collect_state(self.model, self.optimizer, self.task, self.step)
+            tmp = path + ".tmp"
+            torch.save({"meta": meta, "entries": {n: t.detach().cpu() for n, t in entries}}, tmp)
+            os.replace(tmp, path)
+            self.client.send({"type": "saved", "path": path, "step": self.step, "sha256": state_sha256(entries, meta)})
+            log.info("state of step %d written to %s", self.step, path)
+        time.sleep(0.05)
+        exit_now(0)
+
+
+def _setup_logging(ctx: Dict[str, Any]) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_Context(ctx))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s job=%(job)s gen=%(gen)s rank=%(rank)s node=%(node)s step=%(step)s %(name)s: %(message)s")
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m ckptless_hpc.worker", description="ckptless_hpc worker (started by the coordinator)")
+    p.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator's control server")
+    p.add_argument("--node", required=True, help="name of the node this worker runs on")
+    p.add_argument("--local-index", type=int, default=0, help="index of this worker on its node")
+    p.add_argument("--host", default=None, help="address this worker binds and advertises (default: the coordinator's host)")
+    args = p.parse_args(argv)
+    host = args.host or args.coordinator.rpartition(":")[0] or socket.gethostname()
+    worker = Worker(args.node, args.local_index, args.coordinator, host, protocol.load_secret())
+    _setup_logging(worker.ctx)
+    try:
+        worker.start()
+        worker.serve_forever()
+    except Exception:
+        log.error("worker failed:\n%s", traceback.format_exc())
+        exit_now(1)

@@ -1,0 +1,1 @@
+"""Hydra configs shipped in the wheel as ckptless_hpc.conf."""
