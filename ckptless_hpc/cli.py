@@ -35,5 +35,13 @@ def main(cfg: DictConfig) -> int:
     return code
 
 
+TOOLS = ("report", "status", "logs", "cancel")
+
+
 def entry() -> None:
+    """``ckptless-hpc [overrides]`` runs a job; ``ckptless-hpc report|status|logs|cancel ...`` inspects one."""
+    if len(sys.argv) > 1 and sys.argv[1] in TOOLS:
+        from .tools import main as tools_main
+
+        sys.exit(tools_main(sys.argv[1:]))
     main()

@@ -498,8 +498,10 @@ class Coordinator:
 
     async def _shutdown(self) -> None:
         for w in self.workers.values():
-            if w.role != "dead":
+            if w.role != "dead" and w.writer is not None:
                 self._send(w, {"type": "stop"})
+            elif w.writer is None:  # still starting: it cannot hear a stop
+                self.launcher.kill_worker(w.wid)
         await self.launcher.shutdown(self.cfg.cluster.exit_timeout_s)
         self.events.close()
 

@@ -1,0 +1,111 @@
+"""End to end on the local backend: real coordinator, real worker processes, real signals.
+
+The oracle: a run with injected faults ends with final_state_sha256 equal to the fault-free
+run of the same config and world size.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+MLP = ("task=mlp", "train.steps=60")
+FAST_HB = ("cluster.heartbeat_interval_s=0.25", "cluster.heartbeat_timeout_s=1.5")
+
+
+def _dead(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    with open(f"/proc/{pid}/stat") as f:  # a zombie not yet reaped by PID 1 is dead too
+        return f.read().split()[2] in ("Z", "X")
+
+
+def _assert_recovered(res, n_recoveries: int) -> list:
+    assert res.rc == 0, res.out
+    s = res.summary
+    assert s["status"] == "completed" and s["steps_completed"] == s["steps_requested"]
+    assert len(s["recoveries"]) == n_recoveries, s["recoveries"]
+    for r in s["recoveries"]:
+        assert r["survivors_restarted"] == 0
+        assert r["bytes_transferred"] > 0
+        phases = r["detect_s"] + r["reconfigure_s"] + r["transfer_s"] + r["resume_s"]
+        assert abs(phases - r["downtime_s"]) < 0.01, r
+    return s["recoveries"]
+
+
+def _pids_by_worker(res) -> dict:
+    return {e["worker"]: e["pid"] for e in res.of("worker_connected")}
+
+
+def test_kill_worker_default_task(job, baseline):
+    """SIGKILL of one worker of the default LM task: a spare takes rank 1, survivors keep their PID."""
+    cfg = ("train.steps=40",)
+    res = job(*cfg, "fault=kill_worker", "fault.rank=1", "fault.step=20")
+    (rec,) = _assert_recovered(res, 1)
+    assert res.summary["final_state_sha256"] == baseline(*cfg)
+    assert rec["failed_ranks"] == [1] and rec["target_step"] in (19, 20)
+    assert rec["replacements"] == {"1": "local2.0"}
+    fault = res.of("fault_injected")[0]
+    assert _dead(fault["pid"])
+    # rank 0 ran in the same process from the first to the last step
+    pids = _pids_by_worker(res)
+    held = [e for e in res.of("step")]
+    assert {e["worker"] for e in held} == {"local0.0"}
+    assert pids["local0.0"] != fault["pid"]
+    kinds = [e["event"] for e in res.events]
+    for k in ("fault_injected", "failure_detected", "generation_bumped", "spare_promoted", "state_transferred", "reformed", "resumed"):
+        assert k in kinds, k
+
+
+def test_kill_node(job, baseline):
+    """A whole node (2 ranks, one process group) SIGKILLed: both ranks move to the spare node."""
+    cfg = (*MLP, "cluster.workers_per_node=2")
+    res = job(*cfg, "fault=kill_node", "fault.node=1", "fault.step=20")
+    (rec,) = _assert_recovered(res, 1)
+    assert res.summary["final_state_sha256"] == baseline(*cfg)
+    assert rec["failed_ranks"] == [2, 3] and rec["failed_nodes"] == ["local1"]
+    assert sorted(rec["replacements"].values()) == ["local2.0", "local2.1"]
+    assert "local1" in res.summary["excluded_nodes"]
+
+
+def test_hang(job, baseline):
+    """SIGSTOP: found by missed heartbeats, survivors released from the allreduce, the hung process killed."""
+    res = job(*MLP, *FAST_HB, "fault=hang", "fault.rank=1", "fault.step=25")
+    (rec,) = _assert_recovered(res, 1)
+    assert res.summary["final_state_sha256"] == baseline(*MLP)
+    assert rec["detect_s"] >= 1.5 and "no heartbeat" in rec["reasons"][0]
+    assert _dead(res.of("fault_injected")[0]["pid"])
+
+
+def test_two_faults_in_one_run(job, baseline):
+    """A kill, then a hang of another rank after the first recovery (the refilled pool serves the second)."""
+    res = job(*MLP, *FAST_HB, "fault=kill_worker", "fault.rank=1", "fault.step=15", "fault.schedule=[{kind:hang,rank:0,step:40}]")
+    recs = _assert_recovered(res, 2)
+    assert res.summary["final_state_sha256"] == baseline(*MLP)
+    assert [r["failed_ranks"] for r in recs] == [[1], [0]]
+    assert res.summary["faults_fired"] == [0, 1]
+    assert res.of("spare_launched"), "the spare pool was not refilled"
+
+
+def test_no_spare_left_stops_cleanly_and_saves_state(job):
+    res = job(*MLP, "cluster.spare_nodes=0", "cluster.max_refills=0", "fault=kill_worker", "fault.rank=1", "fault.step=20")
+    assert res.rc == 3, res.out
+    s = res.summary
+    assert s["status"] == "no_spare" and "no spare left" in s["error"] and "HINT" in s["error"]
+    saved = s["saved_state"]
+    assert saved and os.path.exists(saved["path"]) and saved["step"] in (19, 20)
+    state = torch.load(saved["path"], weights_only=True)
+    assert state["meta"]["step"] == saved["step"] and any(k.startswith("model.") for k in state["entries"])
+
+
+def test_worker_startup_error_is_reported_once(job):
+    res = job("task=mlp", "+task.no_such_argument=1", timeout_s=120)
+    assert res.rc == 4, res.out
+    assert "failed at start-up" in res.out and "no_such_argument" in res.out and "Traceback" in res.out
+    assert res.summary["status"] == "startup_failed"

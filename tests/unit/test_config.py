@@ -1,0 +1,68 @@
+"""Config composition (no process launched) and validation messages."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_module
+
+from ckptless_hpc.config import ConfigError, fault_list, register_configs, validate, validation_errors
+
+pytestmark = pytest.mark.timeout(30)
+register_configs()
+
+
+def cfg(*overrides: str):
+    with initialize_config_module(config_module="ckptless_hpc.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_defaults_are_valid_and_named_as_documented():
+    c = cfg()
+    validate(c)
+    assert c.cluster.backend == "local" and c.task._target_.endswith("LMTask") and c.fault.kind == "none"
+    for key in ("train.steps", "train.seed", "cluster.nodes", "cluster.workers_per_node", "cluster.spare_nodes"):
+        section, name = key.split(".")
+        assert name in c[section]
+
+
+def test_slurm_group_switches_schema():
+    c = cfg("cluster=slurm", "cluster.partition=debug", "cluster.time_min=5")
+    validate(c)
+    assert c.cluster.backend == "slurm" and c.cluster.partition == "debug"
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("cluster.nodes=0", "cluster.nodes=0: must be >= 1"),
+        ("cluster.spare_nodes=-2", "cluster.spare_nodes=-2"),
+        ("cluster.workers_per_node=0", "cluster.workers_per_node=0"),
+        ("train.steps=0", "train.steps=0"),
+        ("cluster.heartbeat_timeout_s=0.1", "cluster.heartbeat_timeout_s=0.1"),
+        ("optim.lr=-1", "optim.lr=-1"),
+    ],
+)
+def test_each_bad_value_is_named_with_a_hint(override, needle):
+    errors = validation_errors(cfg(override))
+    assert len(errors) == 1 and errors[0].startswith(needle) and "HINT" in errors[0], errors
+
+
+def test_fault_validation():
+    assert "no such rank" in validation_errors(cfg("fault=kill_worker", "fault.rank=2"))[0]
+    assert "fault.node=5" in validation_errors(cfg("fault=kill_node", "fault.node=5"))[0]
+    assert "fault.step=100" in validation_errors(cfg("fault=hang", "fault.step=100", "train.steps=100"))[0]
+    errs = validation_errors(cfg("fault.schedule=[{kind:explode,rank:0,step:3}]"))
+    assert errs[0].startswith("fault.schedule[0].kind='explode'")
+    with pytest.raises(ConfigError):
+        validate(cfg("cluster.nodes=0"))
+
+
+def test_fault_list_form():
+    c = cfg("fault=kill_worker", "fault.step=5", "fault.schedule=[{kind:kill_node,node:0,step:9},{kind:hang,rank:0,step:12}]")
+    assert [(f["kind"], f["step"]) for f in fault_list(c.fault)] == [("kill_worker", 5), ("kill_node", 9), ("hang", 12)]
+    assert not validation_errors(c)
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises(Exception, match="stpes"):
+        cfg("train.stpes=3")

@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+import pytest
+
+from ckptless_hpc.faults import Fault, due
+
+pytestmark = pytest.mark.timeout(10)
+
+FAULTS = [Fault(0, "kill_worker", 5, rank=1), Fault(1, "kill_node", 9, node=1), Fault(2, "hang", 9, rank=0)]
+
+
+def test_due_matches_rank_and_step_once():
+    assert due(FAULTS, [], rank=1, workers_per_node=2, step=5).index == 0
+    assert due(FAULTS, [0], rank=1, workers_per_node=2, step=5) is None  # a replacement never re-fires it
+    assert due(FAULTS, [], rank=1, workers_per_node=2, step=6) is None
+
+
+def test_node_fault_fires_on_the_first_rank_of_the_slot():
+    assert due(FAULTS, [], rank=2, workers_per_node=2, step=9).index == 1
+    assert due(FAULTS, [], rank=3, workers_per_node=2, step=9) is None
+    assert due(FAULTS, [], rank=0, workers_per_node=2, step=9).index == 2

@@ -1,0 +1,123 @@
+"""Framing, the HMAC handshake and peer state transfer over real loopback sockets."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+
+import pytest
+import torch
+
+from ckptless_hpc import protocol
+from ckptless_hpc.state.snapshot import apply_state, collect_state, state_sha256
+from ckptless_hpc.state.transfer import StaleState, StateServer, TransferError, fetch_state
+from ckptless_hpc.tasks.mlp import MLPTask
+
+pytestmark = pytest.mark.timeout(30)
+SECRET = "s" * 64
+
+
+def test_frame_roundtrip_and_limits():
+    a, b = socket.socketpair()
+    protocol.send_msg(a, {"type": "x", "n": 1})
+    assert protocol.recv_msg(b) == {"type": "x", "n": 1}
+    a.sendall(struct.pack(">I", protocol.MAX_FRAME + 1))
+    with pytest.raises(protocol.ProtocolError, match="exceeds"):
+        protocol.recv_msg(b)
+    a.sendall(struct.pack(">I", 3) + b"{x}")
+    with pytest.raises(protocol.ProtocolError, match="malformed"):
+        protocol.recv_msg(b)
+
+
+def _handshake(client_secret: str):
+    """Run both ends; return (server error or None, client error or None)."""
+    a, b = socket.socketpair()
+    box = {}
+
+    def serve():
+        try:
+            protocol.server_handshake(a, SECRET)
+        except Exception as e:  # noqa: BLE001
+            box["server"] = e
+        finally:
+            a.close()  # the real servers close a connection that failed to authenticate
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        protocol.client_handshake(b, client_secret)
+    except Exception as e:  # noqa: BLE001
+        box["client"] = e
+    t.join(5)
+    b.close()
+    return box.get("server"), box.get("client")
+
+
+def test_handshake_accepts_the_secret_and_refuses_others():
+    assert _handshake(SECRET) == (None, None)
+    server_err, client_err = _handshake("wrong")
+    assert isinstance(server_err, protocol.ProtocolError) and "authentication failed" in str(server_err)
+    assert client_err is not None
+
+
+def _trained(steps: int = 3):
+    torch.manual_seed(0)
+    task = MLPTask()
+    model = task.build_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for s in range(steps):
+        loss = task.loss(model, task.batch(s, 0, 1, torch.Generator().manual_seed(s)))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return task, model, opt
+
+
+def test_state_moves_bitwise_and_is_verified():
+    task, model, opt = _trained()
+    src = collect_state(model, opt, task, 3)
+    served = {"step": 3}
+
+    def provide(gen, step):
+        if step != served["step"]:
+            raise StaleState(f"holds step {served['step']}, asked for step {step}")
+        return collect_state(model, opt, task, step)
+
+    server = StateServer("127.0.0.1", SECRET, provide)
+    got = fetch_state("127.0.0.1", server.port, SECRET, gen=1, step=3, timeout_s=10)
+    assert got.nbytes > 0 and state_sha256(got.entries, got.meta) == state_sha256(*src)
+    # load into a fresh replica and compare fingerprints
+    torch.manual_seed(1)
+    t2 = MLPTask()
+    m2 = t2.build_model()
+    o2 = torch.optim.AdamW(m2.parameters(), lr=1e-2)
+    apply_state(m2, o2, t2, got.entries, got.meta)
+    assert state_sha256(*collect_state(m2, o2, t2, 3)) == state_sha256(*src)
+    with pytest.raises(TransferError, match="holds step 3, asked for step 4"):
+        fetch_state("127.0.0.1", server.port, SECRET, gen=1, step=4, timeout_s=10)
+    with pytest.raises(TransferError):
+        fetch_state("127.0.0.1", server.port, "not-the-secret", gen=1, step=3, timeout_s=10)
+    server.close()
+
+
+def test_corrupted_stream_is_detected():
+    task, model, opt = _trained(1)
+
+    def provide(gen, step):
+        entries, meta = collect_state(model, opt, task, step)
+        bad = [(n, t.clone()) for n, t in entries]
+        return bad, meta
+
+    server = StateServer("127.0.0.1", SECRET, provide)
+    # corrupt the served bytes after the checksum is computed: patch byte_view via a wrapper provider
+    import ckptless_hpc.state.transfer as tr
+
+    real = tr.zlib.crc32
+    tr.zlib.crc32 = lambda data, value=0: real(data, value) ^ 1 if threading.current_thread().name != "MainThread" else real(data, value)
+    try:
+        with pytest.raises(TransferError, match="checksum mismatch"):
+            fetch_state("127.0.0.1", server.port, SECRET, gen=0, step=1, timeout_s=10)
+    finally:
+        tr.zlib.crc32 = real
+        server.close()
