@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
+
+from hydra.experimental.callback import Callback
 
 from .config import ConfigError, register_configs, validate
 
@@ -33,6 +36,24 @@ def main(cfg: DictConfig) -> int:
     if code != 0:
         sys.exit(code)
     return code
+
+
+class SweepTable(Callback):
+    """After ``-m`` with cluster=slurm: one line per submitted job (job id, run dir, overrides)."""
+
+    def __init__(self) -> None:
+        self.rows: list = []
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        value = getattr(job_return, "_return_value", None)
+        if isinstance(value, dict) and "job_id" in value:
+            self.rows.append((value["job_id"], value["run_dir"], " ".join(job_return.overrides or [])))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.rows:
+            print(f"\n{'job id':>10}  {'run dir':<50}  overrides")
+            for job_id, run_dir, overrides in self.rows:
+                print(f"{job_id:>10}  {run_dir:<50}  {overrides}")
 
 
 TOOLS = ("report", "status", "logs", "cancel")

@@ -66,6 +66,7 @@ class LocalClusterConfig(ClusterConfig):
 @dataclass
 class SlurmClusterConfig(ClusterConfig):
     backend: str = "slurm"
+    submit: bool = True  # false: run the coordinator in the current allocation (slurm/train.sbatch)
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None

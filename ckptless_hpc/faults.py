@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable, List, Optional
 
@@ -56,6 +57,14 @@ def fire(fault: Fault) -> None:
     if fault.kind == "kill_worker":
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault.kind == "kill_node":
+        from .slurm.env import SlurmEnvironment
+
+        env = SlurmEnvironment()
+        if env.step_id is not None and env.job_id:  # Slurm: every task of this node's step
+            from .slurm.commands import cancel_step
+
+            cancel_step(env.job_id, env.step_id)
+            time.sleep(60)  # the step is being killed; never train on
         os.killpg(os.getpgrp(), signal.SIGKILL)
     elif fault.kind == "hang":
         os.kill(os.getpid(), signal.SIGSTOP)

@@ -49,6 +49,13 @@ def load_secret(env: Optional[Dict[str, str]] = None) -> str:
     )
 
 
+def resolve_host(value: str) -> str:
+    """``auto`` = the address this node's hostname resolves to (its cluster-facing address)."""
+    if value != "auto":
+        return value
+    return socket.gethostbyname(socket.gethostname())
+
+
 def mac(secret: str, nonce: str) -> str:
     return hmac.new(secret.encode(), _DOMAIN + nonce.encode(), hashlib.sha256).hexdigest()
 

@@ -30,6 +30,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_NO_SPARE = 3
 EXIT_STARTUP = 4
+EXIT_REQUEUED = 5
 
 
 @dataclass
@@ -83,6 +84,9 @@ class Coordinator:
         self.stopping = False
         self.reform_requested = False
         self.saved: Optional[Dict[str, Any]] = None
+        self.save_requested: Optional[str] = None  # preemption / time limit: save once, then requeue
+        self.resume: Optional[Dict[str, Any]] = None  # emergency copy to start from (after a requeue)
+        self.summary: Dict[str, Any] = {}
         self.store: Any = None
         self._waiters: List["asyncio.Future[None]"] = []
         self._t_start = clock()
@@ -141,7 +145,8 @@ class Coordinator:
                 raise protocol.ProtocolError(f"unexpected hello {hello!r}")
             rec = self.workers[wid]
             rec.writer, rec.pid, rec.host, rec.last_seen = writer, int(hello["pid"]), str(hello["host"]), self.clock()
-            self._emit("worker_connected", rec, pid=rec.pid)
+            self.launcher.register(wid, hello)
+            self._emit("worker_connected", rec, pid=rec.pid, slurm_step=hello.get("slurm_step"))
             await self._store_ready.wait()
             self._send(rec, {"type": "config", "worker_id": wid, "job": self.job_id, "config": OmegaConf.to_container(self.cfg, resolve=True), "store": self.store_addr})
         except (protocol.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, KeyError, ValueError) as e:
@@ -187,6 +192,7 @@ class Coordinator:
         elif kind == "fault":
             self.faults_done.add(int(msg["index"]))
             self.fault_times.append(self.clock())
+            self._persist()
             self._emit("fault_injected", rec, step=msg.get("step"), kind=msg.get("kind"), index=msg.get("index"), pid=msg.get("pid"))
         elif kind == "done":
             self._g(int(msg["gen"])).done[rec.wid] = msg
@@ -242,6 +248,8 @@ class Coordinator:
         self.bad_nodes.add(node)
         self.active_nodes.discard(node)
         self._emit("node_excluded", node=node, reason=why)
+        self.launcher.exclude_node(node, why)
+        self._persist()
         for w in self.workers.values():  # idle spares of a bad node are never promoted
             if w.node == node and w.role == "spare":
                 w.role = "dead"
@@ -286,18 +294,19 @@ class Coordinator:
     def _make_store(self) -> None:
         import torch.distributed as dist
 
-        self.store = dist.TCPStore(self.cfg.cluster.bind_host, 0, is_master=True, wait_for_workers=False)
-        self.store_addr = f"{self.cfg.cluster.bind_host}:{self.store.port}"
+        self.store = dist.TCPStore(self.host, 0, is_master=True, wait_for_workers=False)
+        self.store_addr = f"{self.host}:{self.store.port}"
 
     async def run(self) -> int:
         c = self.cfg.cluster
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._store_ready = asyncio.Event()
-        server = await asyncio.start_server(self._handle, host=c.bind_host, port=0)
-        self.address = f"{c.bind_host}:{server.sockets[0].getsockname()[1]}"
+        self.host = protocol.resolve_host(c.bind_host)
+        server = await asyncio.start_server(self._handle, host=self.host, port=0)
+        self.address = f"{self.host}:{server.sockets[0].getsockname()[1]}"
         self._emit("job_started", address=self.address, world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
         log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
-        active, spare = self.launcher.initial_nodes()
+        active, spare = self.launcher.initial_nodes(self.bad_nodes)
         for name in active:
             await self._start_node(name, "active")
         for name in spare:
@@ -326,12 +335,17 @@ class Coordinator:
         self.ranks = initial_ranks([(n, [w.wid for w in starters if w.node == n]) for n in sorted({w.node for w in starters}, key=_node_order)])
         self.gen = 0
         self._t_train = self.clock()
-        self._assign(self.ranks, 0, {})
-        self._emit("generation_started", world=self.world, step=0)
+        step0 = self.resume["step"] if self.resume else 0
+        self._assign(self.ranks, step0, {}, load=self.resume)
+        self._emit("generation_started", world=self.world, step=step0, resumed_from=self.resume)
         while True:
-            await self._until(lambda: bool(self.pending) or self.reform_requested or self.fatal is not None or self._all_done(), None)
+            await self._until(
+                lambda: bool(self.pending) or self.reform_requested or self.fatal is not None or self._all_done() or bool(self.save_requested), None
+            )
             if self.fatal:
                 return self._finish(EXIT_FAILED, "failed", self.fatal)
+            if self.save_requested and not self._all_done():
+                return await self._save_and_requeue(self.save_requested, self._quiesce_targets())
             if self.pending or self.reform_requested:
                 code = await self._recover()
                 if code is not None:
@@ -343,12 +357,15 @@ class Coordinator:
         done = self._g(self.gen).done
         return len(done) == self.world and all(w in done for w in self.ranks.values())
 
-    def _assign(self, ranks: Dict[int, str], step: int, sources: Dict[str, List[str]]) -> None:
+    def _assign(self, ranks: Dict[int, str], step: int, sources: Dict[str, List[str]], load: Optional[Dict[str, Any]] = None) -> None:
         for r, wid in ranks.items():
             rec = self.workers[wid]
             rec.rank, rec.role = r, "active"
             src = [{"worker": s, "host": self.workers[s].host, "port": self.workers[s].state_port} for s in sources.get(wid, [])]
-            self._send(rec, {"type": "assign", "gen": self.gen, "rank": r, "world": self.world, "step": step, "sources": src, "faults_done": sorted(self.faults_done)})
+            msg = {"type": "assign", "gen": self.gen, "rank": r, "world": self.world, "step": step, "sources": src, "faults_done": sorted(self.faults_done)}
+            if load:
+                msg["load"] = load
+            self._send(rec, msg)
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self) -> Optional[int]:
@@ -391,7 +408,8 @@ class Coordinator:
             spares = [Spare(w.wid, w.node, w.built) for w in self.workers.values() if w.role == "spare"]
             plan, reason = plan_recovery(self.ranks, dead, held_steps, spares, self.active_nodes, self.bad_nodes)
             if plan is None:
-                return await self._stop_no_spare(reason, survivors, held_steps)
+                self._emit("no_spare", reason=reason)
+                return await self._save_and_requeue(reason, survivors, held_steps)
             rec.target_step, rec.t_planned = plan.target_step, self.clock()
             for r, w in plan.promoted.items():
                 self.active_nodes.add(self.workers[w].node)
@@ -434,22 +452,72 @@ class Coordinator:
         await self._start_node(name, "spare")
         self._emit("spare_launched", node=name)
 
-    async def _stop_no_spare(self, reason: str, survivors: Dict[int, str], held: Dict[str, Any]) -> int:
-        c = self.cfg.cluster
+    def _quiesce_targets(self) -> Dict[int, str]:
+        return {r: w for r, w in self.ranks.items() if self.workers[w].role == "active"}
+
+    async def _hold_all(self, survivors: Dict[int, str]) -> Dict[str, Any]:
+        """Abort the in-flight step everywhere (a new generation) and collect the committed steps."""
+        self.gen += 1
+        g = self._g(self.gen)
+        for w in survivors.values():
+            self._send(self.workers[w], {"type": "abort", "gen": self.gen})
+        await self._until(lambda: all(w in g.held for w in survivors.values()), self.cfg.cluster.recovery_timeout_s)
+        return {w: m.get("step") for w, m in g.held.items()}
+
+    async def _save_state(self, survivors: Dict[int, str], held: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """Have one rank holding the newest committed step write it to the run directory, once."""
         steps = {w: s for w, s in held.items() if s is not None}
+        if not steps:
+            return None
+        target = max(steps.values())
+        holder = next(w for r, w in sorted(survivors.items()) if steps.get(w) == target)
         path = os.path.join(self.run_dir, "state", "emergency.pt")
-        msg = f"cannot continue: {reason}. "
-        if steps:
-            target = max(steps.values())
-            holder = next(w for r, w in sorted(survivors.items()) if steps.get(w) == target)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            self._send(self.workers[holder], {"type": "stop", "save": path})
-            await self._until(lambda: self.saved is not None or self.workers[holder].role == "dead", c.recovery_timeout_s)
-            msg += f"State of step {target} saved to {path}. " if self.saved else "Saving the state failed. "
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._send(self.workers[holder], {"type": "stop", "save": path})
+        await self._until(lambda: self.saved is not None or self.workers[holder].role == "dead", self.cfg.cluster.recovery_timeout_s)
+        if self.saved:
+            self.saved = {k: self.saved[k] for k in ("path", "step", "sha256")}
+            self._persist()
+        return self.saved
+
+    async def _save_and_requeue(self, reason: str, survivors: Dict[int, str], held: Optional[Dict[str, Any]] = None) -> int:
+        """The allocation cannot go on: save once; requeue where the launcher can, else stop."""
+        if held is None:
+            held = await self._hold_all(survivors)
+        saved = await self._save_state(survivors, held)
+        where = f"State of step {saved['step']} saved to {saved['path']}. " if saved else "No state could be saved. "
+        self._emit("emergency_save", reason=reason, saved=saved)
+        requeue_why = self.launcher.requeue(reason) if saved else "nothing was saved"
+        if requeue_why is None:
+            log.warning("%s. %sJob requeued: the restarted job resumes from that copy with the failed nodes excluded", reason, where)
+            return self._finish(EXIT_REQUEUED, "requeued", f"{reason}. {where}requeued")
+        msg = f"cannot continue: {reason}. {where}Not requeued: {requeue_why}. "
         msg += "HINT: raise cluster.spare_nodes (or cluster.max_refills) so that a spare is left for every failure you expect"
-        self._emit("no_spare", reason=reason, saved=self.saved)
         log.error(msg)
         return self._finish(EXIT_NO_SPARE, "no_spare", msg)
+
+    def request_save(self, reason: str) -> None:
+        """Thread-safe (a signal handler calls it): save once at a committed step, then requeue."""
+
+        def apply() -> None:
+            self.save_requested = reason
+            self._notify()
+
+        self._loop.call_soon_threadsafe(apply)
+
+    def _persist(self) -> None:
+        """What a requeued job needs: the emergency copy, nodes never to use again, faults fired."""
+        state = {"saved": self.saved, "excluded_nodes": sorted(self.bad_nodes), "faults_done": sorted(self.faults_done)}
+        tmp = os.path.join(self.run_dir, "restart.json.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(state, f, indent=2)
+        os.replace(tmp, os.path.join(self.run_dir, "restart.json"))
+
+    def restore(self, state: Dict[str, Any]) -> None:
+        """Start from a previous run's restart.json (after a requeue)."""
+        self.resume = state.get("saved")
+        self.bad_nodes = set(state.get("excluded_nodes", []))
+        self.faults_done = set(state.get("faults_done", []))
 
     # ------------------------------------------------------------------ the end
     def _complete(self) -> int:
@@ -488,6 +556,7 @@ class Coordinator:
             "excluded_nodes": sorted(self.bad_nodes),
             "recoveries": [r.report() for r in self.recoveries],
             "saved_state": self.saved,
+            "resumed_from": self.resume,
             "run_dir": self.run_dir,
         }
         with open(os.path.join(self.run_dir, "summary.json"), "w", encoding="utf-8") as f:

@@ -32,7 +32,17 @@ class LocalLauncher:
         c = cfg.cluster
         return cls(c.nodes, c.spare_nodes, c.max_refills, c.bind_host, cfg.train.threads, os.path.join(run_dir, "logs"), secret)
 
-    def initial_nodes(self) -> Tuple[List[str], List[str]]:
+    def register(self, worker: str, hello: Dict[str, Any]) -> None:
+        """A worker connected (nothing to note locally)."""
+
+    def exclude_node(self, node: str, why: str) -> None:
+        """Local nodes are never reused anyway: replacements get new names."""
+
+    def requeue(self, reason: str) -> Optional[str]:
+        """None when requeued, else why not."""
+        return "the local backend has no scheduler to requeue with (cluster=slurm can)"
+
+    def initial_nodes(self, excluded: Any = ()) -> Tuple[List[str], List[str]]:
         active = [f"local{i}" for i in range(self.nodes)]
         spare = [f"local{self.nodes + i}" for i in range(self.spare_nodes)]
         return active, spare

@@ -67,6 +67,18 @@ def down_node(node: str, reason: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
     run(render.scontrol_down_argv(node, reason), timeout_s=timeout_s, env=env)
 
 
+def drain_node(node: str, reason: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
+               env: Mapping[str, str] | None = None) -> None:
+    """Drain NODE: Slurm places no new job (our requeued one included) on it."""
+    run(render.scontrol_drain_argv(node, reason), timeout_s=timeout_s, env=env)
+
+
+def cancel_step(job_id: str, step_id: int, *, signal: str = "KILL", timeout_s: float = DEFAULT_TIMEOUT_S,
+                env: Mapping[str, str] | None = None) -> None:
+    """Signal every task of step JOB.STEP (SIGKILL by default)."""
+    run(render.scancel_step_argv(job_id, step_id, signal), timeout_s=timeout_s, env=env)
+
+
 def requeue(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
             env: Mapping[str, str] | None = None) -> None:
     """Requeue the job; it restarts with SLURM_RESTART_COUNT + 1."""

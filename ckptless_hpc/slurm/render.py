@@ -289,6 +289,20 @@ def scontrol_down_argv(node: str, reason: str) -> list[str]:
     return ["scontrol", "update", f"nodename={node}", "state=down", f"reason={reason}"]
 
 
+def scontrol_drain_argv(node: str, reason: str) -> list[str]:
+    """Drain a node: no new job is placed on it (it survives slurmd restarts, unlike DOWN)."""
+    return [*scontrol_down_argv(node, reason)[:3], "state=drain", f"reason={reason}"]
+
+
+def scancel_step_argv(job_id: str, step_id: int, signal: str = "KILL") -> list[str]:
+    """Signal every task of one step (all nodes of the step)."""
+    if not isinstance(step_id, int) or step_id < 0:
+        raise _field_error("step_id", step_id, "a step id is a non-negative integer, e.g. 3")
+    if not _SIGNAL_RE.match(signal):
+        raise _field_error("signal", signal, "use a signal name such as 'KILL'")
+    return ["scancel", f"--signal={signal}", f"{_check_job_id(job_id)}.{step_id}"]
+
+
 def scontrol_requeue_argv(job_id: str) -> list[str]:
     """Requeue a job (the last resort; the batch restarts with SLURM_RESTART_COUNT+1)."""
     return ["scontrol", "requeue", _check_job_id(job_id)]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -83,7 +82,11 @@ class Worker:
     # ------------------------------------------------------------------ set-up
     def start(self) -> None:
         self.client = ControlClient.connect(self.coordinator, self.secret, on_message=self._on_message, on_lost=self._on_lost)
-        self.client.send({"type": "hello", "node": self.node, "local": self.local_index, "pid": os.getpid(), "host": self.host})
+        from ..slurm.env import SlurmEnvironment
+
+        hello = {"type": "hello", "node": self.node, "local": self.local_index, "pid": os.getpid(), "host": self.host}
+        hello["slurm_step"] = SlurmEnvironment().step_id
+        self.client.send(hello)
         msg = self.client.next_message(timeout_s=60)
         if msg is None or msg.get("type") != "config":
             log.error("expected the config from the coordinator, got %r", msg)
@@ -215,6 +218,8 @@ class Worker:
         target = int(msg["step"])
         timeout_s = self.cfg.cluster.recovery_timeout_s
         try:
+            if msg.get("load") and self.step != target:
+                self._load(msg["load"])
             if self.step != target:
                 self._fetch(msg.get("sources", []), gen, target, timeout_s)
             t0 = time.monotonic()
@@ -258,6 +263,17 @@ class Worker:
             log.info("received %.1f MB of state at step %d from %s in %.3fs (checksum ok)", got.nbytes / 1e6, target, src.get("worker"), got.seconds)
             return
         raise TransferError("; ".join(errors))
+
+    def _load(self, saved: Dict[str, Any]) -> None:
+        """Start from the emergency copy of a requeued job (the one time state comes from storage)."""
+        t0 = time.monotonic()
+        data = torch.load(saved["path"], weights_only=True)
+        entries = list(data["entries"].items())
+        if state_sha256(entries, data["meta"]) != saved["sha256"]:
+            raise TransferError(f"emergency copy {saved['path']} does not match its recorded sha256 {saved['sha256'][:12]}")
+        apply_state(self.model, self.optimizer, self.task, entries, data["meta"])
+        self.step = int(data["meta"]["step"])
+        log.info("loaded the emergency copy of step %d from %s in %.2fs", self.step, saved["path"], time.monotonic() - t0)
 
     def _provide(self, gen: int, step: int) -> Any:
         if self.training or self.step != step:
@@ -367,11 +383,16 @@ def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m ckptless_hpc.worker", description="ckptless_hpc worker (started by the coordinator)")
     p.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator's control server")
     p.add_argument("--node", required=True, help="name of the node this worker runs on")
-    p.add_argument("--local-index", type=int, default=0, help="index of this worker on its node")
-    p.add_argument("--host", default=None, help="address this worker binds and advertises (default: the coordinator's host)")
+    p.add_argument("--local-index", default="0", help="index of this worker on its node, or 'slurm' (the task's SLURM_PROCID in its one-node step)")
+    p.add_argument("--host", default="auto", help="address this worker binds and advertises; 'auto' = this node's address")
     args = p.parse_args(argv)
-    host = args.host or args.coordinator.rpartition(":")[0] or socket.gethostname()
-    worker = Worker(args.node, args.local_index, args.coordinator, host, protocol.load_secret())
+    if args.local_index == "slurm":
+        from ..slurm.env import SlurmEnvironment
+
+        local_index = SlurmEnvironment().procid or 0
+    else:
+        local_index = int(args.local_index)
+    worker = Worker(args.node, local_index, args.coordinator, protocol.resolve_host(args.host), protocol.load_secret())
     _setup_logging(worker.ctx)
     try:
         worker.start()

@@ -1,0 +1,293 @@
+"""Slurm backend: submit the coordinator through submitit; inside the allocation, one srun step per node.
+
+On the login node ``submit`` renders the job shape from the config (written once), submits a
+``SlurmJob`` and returns. In the batch step, ``SlurmJob.__call__`` runs the coordinator with a
+``SlurmLauncher``: one ``srun -N1 -w NODE`` step per worker node and per spare node, so one
+node's loss ends only its step (``--no-kill`` keeps the allocation). Slurm's warning signal
+before a time limit or preemption reaches submitit's handler, which calls
+``SlurmJob.checkpoint``: the workers write one emergency copy, the job requeues, and the
+restarted job resumes from it with the failed nodes excluded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..protocol import SECRET_ENV, new_secret
+from ..slurm import commands, render
+from ..slurm.env import SlurmEnvironment
+
+log = logging.getLogger("ckptless_hpc.slurm")
+
+EXIT_NO_SLURM = 2
+
+
+def shape_from_config(cfg: Any, run_dir: str) -> render.SlurmShape:
+    c = cfg.cluster
+    return render.SlurmShape(
+        job_name=cfg.job_name,
+        nodes=c.nodes,
+        spare_nodes=c.spare_nodes,
+        tasks_per_node=1,  # the batch step runs the coordinator alone; workers get their own steps
+        gpus_per_node=c.gpus_per_node,
+        cpus_per_task=c.cpus_per_task,
+        partition=c.partition or "",
+        account=c.account or "",
+        qos=c.qos or "",
+        constraint=c.constraint or "",
+        time_min=c.time_min,
+        mem_gb=c.mem_gb,
+        exclude=list(c.exclude),
+        signal_delay_s=c.signal_delay_s,
+        additional={k: v for k, v in (c.additional_parameters or {}).items()},
+        setup=list(c.setup),
+        output_dir=run_dir,
+    )
+
+
+def submit(cfg: Any, run_dir: str) -> Dict[str, Any]:
+    """Submit the job (or, with cluster.submit=false, run it in the current allocation)."""
+    from omegaconf import OmegaConf
+
+    if not cfg.cluster.submit:  # inside an allocation already (slurm/train.sbatch)
+        code = SlurmJob(OmegaConf.to_container(cfg, resolve=True), run_dir).run_here(own_signals=True)
+        if code:
+            sys.exit(code)
+        return {"run_dir": run_dir, "exit_code": code}
+    ok, why = commands.slurm_available()
+    if not ok:
+        print(f"ckptless_hpc: cluster=slurm but no Slurm is reachable: {why}. HINT: run where sinfo/sbatch work, or use cluster=local", file=sys.stderr)
+        sys.exit(EXIT_NO_SLURM)
+    import submitit
+
+    os.makedirs(run_dir, exist_ok=True)
+    shape = shape_from_config(cfg, run_dir)
+    executor = submitit.SlurmExecutor(folder=os.path.join(run_dir, "submitit"), python="exec " + sys.executable)
+    executor.update_parameters(use_srun=False, nodes=1, ntasks_per_node=1, setup=list(shape.setup), additional_parameters=render.sbatch_parameters(shape))
+    job = executor.submit(SlurmJob(OmegaConf.to_container(cfg, resolve=True), run_dir))
+    info = {"job_id": job.job_id, "run_dir": run_dir}
+    with open(os.path.join(run_dir, "job.json"), "w", encoding="utf-8") as f:
+        json.dump(info, f)
+    print(f"submitted Slurm job {job.job_id} ({shape.nodes} worker node(s) + {shape.spare_nodes} spare(s))")
+    print(f"run dir:  {run_dir}")
+    print(f"follow:   tail -f {os.path.join(run_dir, 'coordinator.log')}   |   squeue -j {job.job_id}")
+    return info
+
+
+class SlurmJob:
+    """The submitted callable: the coordinator, run in the batch step of the allocation."""
+
+    def __init__(self, config: Dict[str, Any], run_dir: str) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self._coordinator: Any = None
+        self._done = threading.Event()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return {"config": self.config, "run_dir": self.run_dir}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["config"], state["run_dir"])  # type: ignore[misc]
+
+    def __call__(self) -> Dict[str, Any]:
+        code = self.run_here()
+        if code not in (0, 5):
+            raise RuntimeError(f"ckptless_hpc job ended with exit code {code}; see {self.run_dir}/summary.json")
+        return {"exit_code": code, "run_dir": self.run_dir}
+
+    def checkpoint(self) -> Any:
+        """submitit calls this on the warning signal: save once, then let submitit requeue us."""
+        import submitit
+
+        coord = self._coordinator
+        if coord is not None:
+            log.warning("warning signal received: saving one emergency copy before the requeue")
+            coord.launcher.requeue_by_submitit = True
+            coord.request_save("Slurm warning signal (time limit or preemption)")
+            self._done.wait(coord.cfg.cluster.recovery_timeout_s + 30)
+        return submitit.helpers.DelayedSubmission(self)
+
+    def run_here(self, own_signals: bool = False) -> int:
+        """Run the coordinator in this allocation. ``own_signals``: not under submitit (the sbatch
+        template), so handle the warning signal here: save once, then ``scontrol requeue``."""
+        from omegaconf import OmegaConf
+
+        from ..coordinator.server import Coordinator
+        from .run import human_summary, setup_logging
+
+        cfg = OmegaConf.create(self.config)
+        env = SlurmEnvironment()
+        job_id = env.require_job_id()
+        os.makedirs(self.run_dir, exist_ok=True)
+        setup_logging(self.run_dir, job_id)
+        if own_signals:
+            # the allocation is the shape: worker nodes from the config, the rest are spares
+            allocated = len(commands.live_nodes(job_id))
+            if allocated != cfg.cluster.nodes + cfg.cluster.spare_nodes:
+                log.info("allocation of %d node(s): %d worker node(s), %d spare(s)", allocated, cfg.cluster.nodes, max(allocated - cfg.cluster.nodes, 0))
+                cfg.cluster.spare_nodes = max(allocated - cfg.cluster.nodes, 0)
+        restart = _read_json(os.path.join(self.run_dir, "restart.json")) if env.restart_count > 0 else {}
+        secret = new_secret()
+        launcher = SlurmLauncher(cfg, self.run_dir, job_id, env, secret)
+        coord = Coordinator(cfg, self.run_dir, launcher, secret, job_id)
+        if restart:
+            coord.restore(restart)
+            log.info("restart %d of job %s: resuming from %s, excluded nodes %s", env.restart_count, job_id, restart.get("saved"), restart.get("excluded_nodes"))
+        self._coordinator = coord
+        if own_signals:
+            signal.signal(signal.SIGUSR2, lambda *_: coord.request_save("Slurm warning signal (time limit or preemption)"))
+        box: Dict[str, int] = {}
+
+        def body() -> None:
+            try:
+                box["code"] = asyncio.run(coord.run())
+            finally:
+                self._done.set()
+
+        # the coordinator's loop runs in a thread so that the main thread stays free for
+        # submitit's signal handler (which calls checkpoint() and waits for the save)
+        t = threading.Thread(target=body, name="coordinator")
+        t.start()
+        while t.is_alive():
+            t.join(0.5)
+        if coord.summary:
+            print(human_summary(coord.summary), flush=True)
+        return box.get("code", 1)
+
+
+def _read_json(path: str) -> Dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+class SlurmLauncher:
+    """Worker and spare nodes as srun steps inside the allocation (all Slurm I/O via ckptless_hpc.slurm)."""
+
+    def __init__(self, cfg: Any, run_dir: str, job_id: str, env: SlurmEnvironment, secret: str) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.job_id = job_id
+        self.env = env
+        self.secret = secret
+        self.log_dir = os.path.join(run_dir, "logs")
+        os.makedirs(self.log_dir, exist_ok=True)
+        self._procs: Dict[str, Any] = {}  # node -> srun process
+        self._steps: Dict[str, int] = {}  # node -> step id (reported by its workers)
+        self._used: set = set()
+        self._excluded: set = set()
+        self._waiters: List["asyncio.Task[None]"] = []
+        self.requeue_by_submitit = False
+        self.requeues = env.restart_count
+
+    def initial_nodes(self, excluded: Any = ()) -> Tuple[List[str], List[str]]:
+        c = self.cfg.cluster
+        self._excluded = set(excluded)
+        live = commands.live_nodes(self.job_id)
+        usable = [n for n in live if n not in self._excluded]
+        if len(usable) < c.nodes:
+            raise RuntimeError(
+                f"the allocation holds {len(usable)} usable node(s) {usable} (excluded: {sorted(self._excluded)}), "
+                f"but cluster.nodes={c.nodes}. HINT: allocate at least cluster.nodes + cluster.spare_nodes nodes"
+            )
+        active, spare = usable[: c.nodes], usable[c.nodes : c.nodes + c.spare_nodes]
+        self._used.update(active + spare)
+        return active, spare
+
+    def free_node(self) -> Optional[str]:
+        """A node of the allocation that is neither used nor excluded (one squeue call)."""
+        try:
+            live = commands.live_nodes(self.job_id)
+        except commands.SlurmCommandError as e:
+            log.warning("cannot list the allocation's nodes: %s", e)
+            return None
+        for n in live:
+            if n not in self._used and n not in self._excluded:
+                self._used.add(n)
+                return n
+        return None
+
+    def log_path(self, worker: str) -> str:
+        return os.path.join(self.log_dir, f"{worker}.log")
+
+    async def start_node(self, name: str, workers: int, coordinator: str, on_exit: Any) -> List[str]:
+        c = self.cfg.cluster
+        command = [sys.executable, "-m", "ckptless_hpc.worker", "--coordinator", coordinator, "--node", name, "--local-index", "slurm", "--host", c.bind_host]
+        argv = render.srun_worker_argv(
+            name, workers, command, job_id=self.job_id, log_path=os.path.join(self.log_dir, f"{name}.%t.log"), gpus_per_node=c.gpus_per_node, cpus_per_task=c.cpus_per_task
+        )
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.cfg.train.threads))
+        env[SECRET_ENV] = self.secret  # the step's environment, never its command line
+        with open(os.path.join(self.log_dir, f"srun-{name}.log"), "ab") as out:
+            proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env)
+        self._procs[name] = proc
+        self._waiters.append(asyncio.ensure_future(self._watch(name, workers, proc, on_exit)))
+        return [f"{name}.{j}" for j in range(workers)]
+
+    async def _watch(self, name: str, workers: int, proc: Any, on_exit: Any) -> None:
+        rc = await proc.wait()  # srun exits 0 after "Node failure": the step's end is what counts
+        for j in range(workers):
+            on_exit(f"{name}.{j}", rc)
+
+    def register(self, worker: str, hello: Dict[str, Any]) -> None:
+        if hello.get("slurm_step") is not None:
+            self._steps[worker.rpartition(".")[0]] = int(hello["slurm_step"])
+
+    def kill_worker(self, worker: str) -> None:
+        """A node's workers share one step: ending the worker ends its node's step."""
+        node = worker.rpartition(".")[0]
+        step = self._steps.pop(node, None)
+        if step is not None:
+            try:
+                commands.cancel_step(self.job_id, step)
+            except commands.SlurmCommandError as e:
+                log.warning("could not cancel step %s.%s on %s: %s", self.job_id, step, node, e)
+        proc = self._procs.get(node)
+        if proc is not None and proc.returncode is None:
+            try:
+                proc.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def exclude_node(self, node: str, why: str) -> None:
+        self._excluded.add(node)
+        if self.cfg.cluster.drain_failed_nodes:
+            try:
+                commands.drain_node(node, f"ckptless_hpc job {self.job_id}: {why}"[:200])
+            except commands.SlurmCommandError as e:
+                log.warning("could not drain %s (not permitted?): %s", node, e)
+
+    def requeue(self, reason: str) -> Optional[str]:
+        """Requeue the job (None) or say why not. After submitit's signal it requeues us itself."""
+        if self.requeue_by_submitit:
+            return None
+        if self.requeues >= self.cfg.cluster.max_requeues:
+            return f"the job was already requeued {self.requeues} time(s) (cluster.max_requeues={self.cfg.cluster.max_requeues})"
+        try:
+            commands.requeue(self.job_id)
+        except commands.SlurmCommandError as e:
+            return f"scontrol requeue failed: {e}"
+        return None
+
+    async def shutdown(self, timeout_s: float) -> None:
+        live = [p for p in self._procs.values() if p.returncode is None]
+        if live:
+            await asyncio.wait([asyncio.ensure_future(p.wait()) for p in live], timeout=timeout_s)
+        for node, p in self._procs.items():
+            if p.returncode is None:
+                self.kill_worker(f"{node}.0")
+        for t in self._waiters:
+            try:
+                await asyncio.wait_for(t, timeout=10)
+            except asyncio.TimeoutError:
+                pass
+
