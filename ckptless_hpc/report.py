@@ -15,14 +15,14 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .rundir import PHASES, RecoveryView, Run, global_batch, progress, recoveries, step_series
+from .rundir import PHASES, RecoveryView, Run, global_batch, progress, recoveries, requeues, step_series
 
 PHASE_COLORS = {"detect": "#d62728", "reconfigure": "#ff7f0e", "transfer": "#1f77b4", "resume": "#2ca02c"}
 PHASE_MEANING = {
     "detect": "failure -> noticed",
     "reconfigure": "new generation, survivors hold, spare promoted, group re-formed",
     "transfer": "state streamed peer-to-peer to the spare",
-    "resume": "first step committed again",
+    "resume": "re-formed -> first step committed again",
 }
 
 
@@ -43,7 +43,7 @@ def run_text(run: Run, now: float) -> str:
     lines: List[str] = []
     if s is None:
         total = (run.config or {}).get("train", {}).get("steps")
-        p = progress(run.events, total, now)
+        p = progress(run.current, total, now)
         lines += [
             f"run {run.path}  (job {_job(run)}: no summary.json yet — {p.phase}, report from events so far)",
             f"  steps           {p.step}/{total if total is not None else '?'}   last loss {_loss(p.loss)}",
@@ -62,6 +62,10 @@ def run_text(run: Run, now: float) -> str:
             lines.append("  error           " + str(s["error"]).replace("\n", "\n                  "))
         if s.get("saved_state"):
             lines.append(f"  saved state     {s['saved_state'].get('path')} (step {s['saved_state'].get('step')})")
+    for q in requeues(run.events):
+        lines.append(f"  requeued        after {q.reason.splitlines()[0][:120]}; restarted {q.t_restart - q.t_end:.1f} s later at step {q.step}")
+    if len(run.attempts) > 1 and s is not None:
+        lines.append(f"  (wall, goodput and the summary numbers are those of the last of {len(run.attempts)} attempts)")
     total_down = sum(r.downtime_s for r in recs)
     lines.append(f"  recoveries      {len(recs)}" + (f", total downtime {_s(total_down)} s" if recs else ""))
     for r in recs:
@@ -96,8 +100,7 @@ def _loss(x: Optional[float]) -> str:
 
 
 def _job(run: Run) -> str:
-    e = run.first("job_started")
-    return str(e.get("job")) if e else "?"
+    return str(run.started.get("job", "?"))
 
 
 # ------------------------------------------------------------------------------ sweep table
@@ -231,24 +234,29 @@ def run_chart(run: Run, out_png: str) -> str:
     ser = step_series(run.events)
     recs = recoveries(run)
     n_rec = len(recs)
-    fig = plt.figure(figsize=(13, 8.5 + 0.55 * max(n_rec - 1, 0)), dpi=110)
-    gs = fig.add_gridspec(3, 1, height_ratios=[3.0, 2.0, 1.0 + 0.45 * max(n_rec, 1)], hspace=0.42)
+    if recs:
+        fig = plt.figure(figsize=(13, 8.5 + 0.55 * (n_rec - 1)), dpi=110)
+        gs = fig.add_gridspec(3, 1, height_ratios=[3.0, 2.0, 1.0 + 0.45 * n_rec], hspace=0.42)
+        ax_rec = fig.add_subplot(gs[2])
+    else:
+        fig = plt.figure(figsize=(13, 6.5), dpi=110)
+        gs = fig.add_gridspec(2, 1, height_ratios=[3.0, 2.0], hspace=0.3)
+        ax_rec = None
     ax_loss = fig.add_subplot(gs[0])
     ax_tp = fig.add_subplot(gs[1], sharex=ax_loss)
-    ax_rec = fig.add_subplot(gs[2])
 
-    # ---- loss
+    # ---- loss and throughput, one line segment per attempt (never across a requeue gap)
     win = max(1, len(ser.loss) // 40)
-    ax_loss.plot(ser.t, ser.loss, color="#9bbbd9", lw=0.8, label="loss (each step, mean over ranks)")
-    if win > 1:
-        ax_loss.plot(ser.t, moving_average(ser.loss, win), color="#1f4e79", lw=2, label=f"loss ({win}-step moving average)")
+    for k, seg in enumerate(ser.segments()):
+        first = k == 0
+        ax_loss.plot(seg.t, seg.loss, color="#9bbbd9", lw=0.8, label="loss (each step, mean over ranks)" if first else None)
+        if win > 1:
+            ax_loss.plot(seg.t, moving_average(seg.loss, win), color="#1f4e79", lw=2, label=f"loss ({win}-step moving average)" if first else None)
+        tt, raw, smooth = throughput(seg.t)
+        ax_tp.plot(tt, raw, color="#c7c7c7", lw=0.8, label="steps/s (1 / time since previous step)" if first else None)
+        ax_tp.plot(tt, smooth, color="#333333", lw=1.8, label="steps/s (over the last 5 steps)" if first else None)
     ax_loss.set_ylabel("training loss")
     ax_loss.grid(alpha=0.3)
-
-    # ---- throughput
-    tt, raw, smooth = throughput(ser.t)
-    ax_tp.plot(tt, raw, color="#c7c7c7", lw=0.8, label="steps/s (1 / time since previous step)")
-    ax_tp.plot(tt, smooth, color="#333333", lw=1.8, label="steps/s (over the last 5 steps)")
     ax_tp.set_ylabel("throughput (steps/s)")
     ax_tp.set_xlabel("training time (s since the first generation started)")
     ax_tp.set_ylim(bottom=0)
@@ -256,7 +264,7 @@ def run_chart(run: Run, out_png: str) -> str:
     gb = global_batch(run)
     if gb:
         sec = ax_tp.secondary_yaxis("right", functions=(lambda x, g=gb: x * g, lambda x, g=gb: x / g))
-        sec.set_ylabel(f"samples/s (x {gb} per step)")
+        sec.set_ylabel(f"samples/s ({gb} samples per step)")
     plt.setp(ax_loss.get_xticklabels(), visible=True)
 
     # ---- failures and recovery phases on both time axes
@@ -271,49 +279,59 @@ def run_chart(run: Run, out_png: str) -> str:
             ha="left", va="top", fontsize=9, color="#a00000",
             bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#d62728", alpha=0.9),
         )
+    for q in requeues(run.events):
+        for ax in (ax_loss, ax_tp):
+            ax.axvspan(q.t_end - ser.t0, q.t_restart - ser.t0, color="#7f7f7f", alpha=0.25, lw=0, hatch="//")
+        ax_loss.annotate(
+            f"requeued: {q.t_restart - q.t_end:.0f} s\nresumed at step {q.step}", xy=((q.t_end + q.t_restart) / 2 - ser.t0, 0.5),
+            xycoords=("data", "axes fraction"), ha="center", va="center", fontsize=9, color="#333333",
+            bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#7f7f7f", alpha=0.9),
+        )
     handles = ax_loss.get_legend_handles_labels()[0]
     if recs:
         handles.append(Line2D([], [], color="#d62728", ls="--", lw=1.2, label="failure (fault injected or detected)"))
     ax_loss.legend(handles=handles, loc="upper right", fontsize=9, framealpha=0.9)
-    ax_tp.legend(loc="lower right", fontsize=9, framealpha=0.9)
+    ax_tp.legend(loc="best", fontsize=9, framealpha=0.9)
 
     # ---- zoomed recovery timelines
-    _recovery_gantt(ax_rec, recs, Patch)
+    if ax_rec is not None:
+        _recovery_gantt(ax_rec, recs)
     fig.suptitle(_title(run), fontsize=12, x=0.01, ha="left")
     fig.text(0.01, 0.935, _subtitle(run), fontsize=9.5, ha="left", color="#444444")
-    fig.subplots_adjust(left=0.07, right=0.92, top=0.9, bottom=0.06)
+    bottom = 0.06
+    if recs:
+        fig.legend(
+            handles=[Patch(color=PHASE_COLORS[p], alpha=0.8, label=f"{p}: {PHASE_MEANING[p]}") for p in PHASES],
+            loc="lower center", ncol=2, fontsize=9, frameon=False, title="recovery phases (shaded on the time axes above)", title_fontsize=9,
+        )
+        bottom = 0.15
+    fig.subplots_adjust(left=0.07, right=0.92, top=0.9 if recs else 0.87, bottom=bottom if recs else 0.09)
     _save(fig, out_png)
     plt.close(fig)
     return out_png
 
 
-def _recovery_gantt(ax: Any, recs: Sequence[RecoveryView], Patch: Any) -> None:
+def _recovery_gantt(ax: Any, recs: Sequence[RecoveryView]) -> None:
     if not recs:
         ax.axis("off")
         ax.text(0.5, 0.5, "no failures: nothing to recover from", ha="center", va="center", fontsize=11, transform=ax.transAxes)
         return
+    longest = max(1e3 * r.downtime_s for r in recs) or 1.0
     for i, r in enumerate(recs):
         y = len(recs) - 1 - i
         for name, start, dur in r.phases:
-            x0 = 1e3 * (start - r.t_fail)
-            ax.barh(y, 1e3 * dur, left=x0, color=PHASE_COLORS[name], height=0.6, edgecolor="white")
-        ax.text(1e3 * r.downtime_s, y, f"  {1e3 * r.downtime_s:.0f} ms", va="center", fontsize=9)
-    longest = max(1e3 * r.downtime_s for r in recs) or 1.0
-    ax.set_xlim(0, longest * 1.18)
-    for i, r in enumerate(recs):  # phase values inside the bars where they fit
-        y = len(recs) - 1 - i
-        for name, start, dur in r.phases:
-            if 1e3 * dur > longest * 0.09:
-                ax.text(1e3 * (start - r.t_fail + dur / 2), y, f"{1e3 * dur:.0f}", ha="center", va="center", fontsize=8, color="white", weight="bold")
+            x0, w = 1e3 * (start - r.t_fail), 1e3 * dur
+            ax.barh(y, w, left=x0, color=PHASE_COLORS[name], height=0.6, edgecolor="white")
+            if w > longest * 0.1:  # the phase's name and value inside its bar, where they fit
+                ax.text(x0 + w / 2, y, f"{name}\n{w:.0f} ms", ha="center", va="center", fontsize=8, color="white", weight="bold")
+        ax.text(1e3 * r.downtime_s, y, f"  {1e3 * r.downtime_s:.0f} ms down\n  {_short_cause(r)}", va="center", fontsize=8.5)
+    ax.set_xlim(0, longest * 1.35)
+    ax.set_ylim(-0.6, len(recs) - 0.4)
     ax.set_yticks(range(len(recs)))
-    ax.set_yticklabels([f"#{r.index} gen {r.gen}\n{_short_cause(r)}" for r in reversed(recs)], fontsize=8.5)
+    ax.set_yticklabels([f"#{r.index}\ngen {r.gen}" for r in reversed(recs)], fontsize=8.5)
     ax.set_xlabel("ms since the failure (each recovery zoomed in: downtime = detect + reconfigure + transfer + resume)")
-    ax.set_title("recoveries, zoomed", fontsize=10, loc="left")
+    ax.set_title("recoveries, zoomed in", fontsize=10, loc="left")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(
-        handles=[Patch(color=PHASE_COLORS[p], alpha=0.8, label=f"{p}: {PHASE_MEANING[p]}") for p in PHASES],
-        loc="upper center", bbox_to_anchor=(0.5, -0.55 / max(1, len(recs)) ** 0.5 - 0.25), ncol=2, fontsize=8.5, frameon=False,
-    )
 
 
 def _short_cause(r: RecoveryView) -> str:
@@ -336,6 +354,9 @@ def _subtitle(run: Run) -> str:
     recs = recoveries(run)
     down = sum(r.downtime_s for r in recs)
     parts = [f"{len(recs)} recover{'y' if len(recs) == 1 else 'ies'}, downtime {down:.3f} s in total"]
+    qs = requeues(run.events)
+    if qs:
+        parts.append(f"{len(qs)} requeue(s), {sum(q.t_restart - q.t_end for q in qs):.1f} s off")
     if s is not None:
         parts += [f"goodput {100 * s['goodput']:.2f}%", f"{s['wall_s']:.2f} s training after {s['startup_s']:.2f} s start-up", f"world size {s['world_size']}"]
     if run.overrides:
@@ -354,7 +375,8 @@ def sweep_chart(runs: Sequence[Run], out_png: str) -> str:
     for i, (run, label) in enumerate(zip(runs, labels)):
         ser = step_series(run.events)
         color = cmap(i % 10)
-        ax_l.plot(ser.t, moving_average(ser.loss, max(1, len(ser.loss) // 40)), color=color, lw=1.6, label=label)
+        for k, seg in enumerate(ser.segments()):
+            ax_l.plot(seg.t, moving_average(seg.loss, max(1, len(ser.loss) // 40)), color=color, lw=1.6, label=label if k == 0 else None)
         for r in recoveries(run):
             ax_l.axvline(r.t_fail - ser.t0, color=color, ls="--", lw=1)
     ax_l.set_xlabel("training time (s); dashed: failures")

@@ -24,6 +24,11 @@ Event = Dict[str, Any]
 _DEFAULT_FAULT_WINDOW_S = 4.0
 
 
+#: Files that make a directory a run directory: events (the coordinator started), the summary
+#: (it ended), job.json (a Slurm job was submitted and may still be pending).
+RUN_MARKERS = ("events.jsonl", "summary.json", "job.json")
+
+
 class RunDirError(ValueError):
     """A path that is not (or not yet) a readable run directory; the message has a HINT."""
 
@@ -48,6 +53,22 @@ class Run:
     def first(self, kind: str) -> Optional[Event]:
         return next((e for e in self.events if e.get("event") == kind), None)
 
+    @property
+    def attempts(self) -> List[List[Event]]:
+        """The events split per coordinator start (a requeued Slurm job appends a new attempt)."""
+        return split_attempts(self.events)
+
+    @property
+    def current(self) -> List[Event]:
+        """The events of the latest attempt: the one summary.json (if any) describes."""
+        att = self.attempts
+        return att[-1] if att else []
+
+    @property
+    def started(self) -> Dict[str, Any]:
+        """The latest ``job_started`` event ({} before the coordinator started)."""
+        return next((e for e in reversed(self.events) if e.get("event") == "job_started"), {})
+
     def log_path(self, worker: str) -> str:
         return os.path.join(self.path, "logs", f"{worker}.log")
 
@@ -65,14 +86,14 @@ def load_run(path: str) -> Run:
         raise RunDirError(f"{path!r} is a file, not a run directory. HINT: pass the directory that holds events.jsonl")
     ev_path = os.path.join(path, "events.jsonl")
     sm_path = os.path.join(path, "summary.json")
-    if not os.path.exists(ev_path) and not os.path.exists(sm_path):
+    if not any(os.path.exists(os.path.join(path, f)) for f in RUN_MARKERS):
         children = run_dirs_below(path)
         hint = (
             f"it holds {len(children)} run directories (a sweep?): pass them, e.g. {children[0]!r}"
             if children
             else "a run directory holds events.jsonl from the moment the job starts; pass the job's hydra.run.dir"
         )
-        raise RunDirError(f"{path!r} is not a run directory (no events.jsonl, no summary.json). HINT: {hint}")
+        raise RunDirError(f"{path!r} is not a run directory (no events.jsonl, summary.json or job.json). HINT: {hint}")
     events = parse_events(_read_text(ev_path)) if os.path.exists(ev_path) else []
     summary = None
     if os.path.exists(sm_path):
@@ -80,7 +101,10 @@ def load_run(path: str) -> Run:
             summary = json.loads(_read_text(sm_path))
         except json.JSONDecodeError as e:
             raise RunDirError(f"{sm_path!r} is not valid JSON ({e}). HINT: was it written by ckptless_hpc? it is written once, at the end of a job") from None
-    return Run(path, events, summary, _load_config(path), _load_overrides(path))
+    run = Run(path, events, summary, _load_config(path), _load_overrides(path))
+    if summary is not None and summary.get("status") == "requeued" and not any(e.get("event") == "job_finished" for e in run.current):
+        run.summary = None  # written by an attempt before the requeue; the latest one is still going
+    return run
 
 
 def run_dirs_below(path: str) -> List[str]:
@@ -89,7 +113,7 @@ def run_dirs_below(path: str) -> List[str]:
         names = os.listdir(path)
     except OSError:
         return []
-    found = [os.path.join(path, n) for n in names if os.path.isfile(os.path.join(path, n, "events.jsonl"))]
+    found = [os.path.join(path, n) for n in names if any(os.path.isfile(os.path.join(path, n, f)) for f in RUN_MARKERS)]
     return sorted(found, key=lambda p: _natural_key(os.path.basename(p)))
 
 
@@ -97,7 +121,7 @@ def expand_paths(paths: Sequence[str]) -> List[str]:
     """Each path as given, or, for a sweep directory (Hydra ``-m``), the run directories in it."""
     out: List[str] = []
     for p in paths:
-        is_run = os.path.exists(os.path.join(p, "events.jsonl")) or os.path.exists(os.path.join(p, "summary.json"))
+        is_run = any(os.path.exists(os.path.join(p, f)) for f in RUN_MARKERS)
         below = [] if is_run else run_dirs_below(p)
         out.extend(below or [p])
     return out
@@ -116,6 +140,16 @@ def parse_events(text: str) -> List[Event]:
             if i != len(lines) - 1:
                 raise RunDirError(f"events.jsonl line {i + 1} is not JSON: {line[:80]!r}. HINT: the file was edited or truncated") from None
     return events
+
+
+def split_attempts(events: Sequence[Event]) -> List[List[Event]]:
+    """Events grouped per coordinator start (each attempt opens with ``job_started``)."""
+    out: List[List[Event]] = []
+    for e in events:
+        if e.get("event") == "job_started" or not out:
+            out.append([])
+        out[-1].append(e)
+    return out
 
 
 def _read_text(path: str) -> str:
@@ -317,19 +351,27 @@ PHASES = ("detect", "reconfigure", "transfer", "resume")
 
 
 def recoveries(run: Run) -> List[RecoveryView]:
-    """The recoveries of a run: from summary.json when the job ended, else from the events.
+    """Every recovery of a run, all attempts, numbered from 1.
 
-    Times are anchored on the ``reformed`` event of each recovery's generation (the moment
-    the coordinator recorded as ready), so the drawn phases line up with the summary's.
+    The latest attempt's come from summary.json once the job ended (same numbers as the file),
+    else from its events; earlier attempts (before a requeue) come from their events, by the
+    coordinator's own arithmetic. Times are anchored on each recovery's ``reformed`` event, so
+    the drawn phases line up with the summary's.
     """
-    summary_recs = (run.summary or {}).get("recoveries")
-    views = _from_summary(run, summary_recs) if summary_recs is not None else _from_events(run.events)
-    _add_lost_steps(run.events, views)
+    attempts = run.attempts or [[]]
+    views: List[RecoveryView] = []
+    for k, events in enumerate(attempts):
+        recs = (run.summary or {}).get("recoveries") if k == len(attempts) - 1 else None
+        part = _from_summary(events, recs) if recs is not None else _from_events(events)
+        _add_lost_steps(events, part)
+        views += part
+    for i, v in enumerate(views):
+        v.index = i + 1
     return views
 
 
-def _from_summary(run: Run, recs: List[Dict[str, Any]]) -> List[RecoveryView]:
-    reformed = {e.get("gen"): e for e in run.of("reformed")}
+def _from_summary(events: Sequence[Event], recs: List[Dict[str, Any]]) -> List[RecoveryView]:
+    reformed = {e.get("gen"): e for e in events if e.get("event") == "reformed"}
     views = []
     for i, r in enumerate(recs):
         ev = reformed.get(r["gen"])
@@ -337,7 +379,7 @@ def _from_summary(run: Run, recs: List[Dict[str, Any]]) -> List[RecoveryView]:
             t_ready = float(ev["time"])
             t_fail = t_ready - r["transfer_s"] - r["reconfigure_s"] - r["detect_s"]
         else:  # no event to anchor on: use the failure detection of this recovery
-            det = [e for e in run.of("failure_detected") if set(r["failed_workers"]) & {e.get("worker")}]
+            det = [e for e in events if e.get("event") == "failure_detected" and e.get("worker") in set(r["failed_workers"])]
             t_fail = (float(det[0]["time"]) if det else 0.0) - r["detect_s"]
         views.append(
             RecoveryView(
@@ -345,7 +387,7 @@ def _from_summary(run: Run, recs: List[Dict[str, Any]]) -> List[RecoveryView]:
                 dict(r.get("replacements") or {}), list(r.get("reasons") or []), r.get("target_step"),
                 r["detect_s"], r["reconfigure_s"], r["transfer_s"], r["resume_s"], r["downtime_s"],
                 int(r.get("bytes_transferred") or 0), int(r.get("survivors_restarted") or 0), t_fail,
-                fault=_fault_before(run.events, t_fail + r["detect_s"], t_fail),
+                fault=_fault_before(events, t_fail + r["detect_s"], t_fail),
             )
         )
     return views
@@ -411,11 +453,29 @@ class Series:
     step: List[int]
     loss: List[float]
     step_s: List[float]
+    attempt: List[int]  # which coordinator start (0, 1, ... after requeues) reported the step
+
+    def segments(self) -> List["Series"]:
+        """One Series per attempt, so that lines are never drawn across a requeue gap."""
+        out: List[Series] = []
+        for i, a in enumerate(self.attempt):
+            if not out or self.attempt[i - 1] != a:
+                out.append(Series(self.t0, [], [], [], [], []))
+            seg = out[-1]
+            seg.t.append(self.t[i]), seg.step.append(self.step[i]), seg.loss.append(self.loss[i])
+            seg.step_s.append(self.step_s[i]), seg.attempt.append(a)
+        return out
 
 
 def step_series(events: Sequence[Event]) -> Series:
     start = next((e for e in events if e.get("event") == "generation_started"), None)
-    steps = [e for e in events if e.get("event") == "step"]
+    steps: List[Event] = []
+    attempt: List[int] = []
+    for k, att in enumerate(split_attempts(events)):
+        for e in att:
+            if e.get("event") == "step":
+                steps.append(e)
+                attempt.append(k)
     t0 = float(start["time"]) if start else (float(steps[0]["time"]) if steps else 0.0)
     return Series(
         t0,
@@ -423,7 +483,28 @@ def step_series(events: Sequence[Event]) -> Series:
         [int(e["step"]) for e in steps],
         [float(e["loss"]) for e in steps],
         [float(e.get("step_s") or 0.0) for e in steps],
+        attempt,
     )
+
+
+@dataclass
+class Requeue:
+    """A gap between two attempts: the job ended (requeued) and started again."""
+
+    t_end: float  # epoch s: job_finished of the earlier attempt
+    t_restart: float  # epoch s: generation_started of the next (or its job_started)
+    step: Optional[int]  # the step the next attempt resumed from
+    reason: str
+
+
+def requeues(events: Sequence[Event]) -> List[Requeue]:
+    atts = split_attempts(events)
+    out = []
+    for prev, nxt in zip(atts, atts[1:]):
+        end = next((e for e in reversed(prev) if e.get("event") == "job_finished"), prev[-1])
+        start = next((e for e in nxt if e.get("event") == "generation_started"), nxt[0])
+        out.append(Requeue(float(end["time"]), float(start["time"]), start.get("step"), str(end.get("error") or end.get("status") or "ended")))
+    return out
 
 
 def global_batch(run: Run) -> Optional[int]:
@@ -432,9 +513,7 @@ def global_batch(run: Run) -> Optional[int]:
     bs = (cfg.get("task") or {}).get("batch_size")
     c = cfg.get("cluster") or {}
     world = None
-    started = run.first("job_started")
-    if started is not None:
-        world = started.get("world")
+    world = run.started.get("world")
     if world is None and isinstance(c.get("nodes"), int) and isinstance(c.get("workers_per_node"), int):
         world = c["nodes"] * c["workers_per_node"]
     if isinstance(bs, int) and isinstance(world, int):

@@ -337,7 +337,7 @@ class Coordinator:
         self._t_train = self.clock()
         step0 = self.resume["step"] if self.resume else 0
         self._assign(self.ranks, step0, {}, load=self.resume)
-        self._emit("generation_started", world=self.world, step=step0, resumed_from=self.resume)
+        self._emit("generation_started", world=self.world, step=step0, resumed_from=self.resume, ranks={str(r): w for r, w in self.ranks.items()})
         while True:
             await self._until(
                 lambda: bool(self.pending) or self.reform_requested or self.fatal is not None or self._all_done() or bool(self.save_requested), None

@@ -5,7 +5,6 @@ Skipped without root; with CKPTLESS_REQUIRE_SLURM=1 a missing cluster fails inst
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -20,27 +19,6 @@ from ckptless_hpc.slurm.env import expand_nodelist
 from ckptless_hpc.slurm.render import SlurmShape
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
-
-
-def _load_cluster_fixture():
-    path = Path(__file__).resolve().parents[1] / "slurm_cluster" / "fixture.py"
-    spec = importlib.util.spec_from_file_location("ckptless_tests_slurm_cluster_fixture", path)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
-
-
-cluster = _load_cluster_fixture()
-
-
-@pytest.fixture(scope="module")
-def slurm_env() -> Iterator[dict[str, str]]:
-    env = cluster.ensure_cluster(4)
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in env.items():
-            patch.setenv(key, value)
-        yield env
 
 
 @pytest.fixture
@@ -141,7 +119,7 @@ def test_down_node_ends_its_step_and_removes_it_from_the_job(submit: Callable[..
     assert commands.live_nodes(job) == [keep]
 
 
-def test_crashed_node_leaves_the_job_and_srun_exits_0(submit: Callable[..., str], tmp_path: Path) -> None:
+def test_crashed_node_leaves_the_job_and_srun_exits_0(submit: Callable[..., str], tmp_path: Path, slurm_cluster) -> None:
     job = submit("-N2", "--no-kill", "--wrap", "sleep 110")
     _running(job)
     keep, lost = commands.live_nodes(job)
@@ -150,7 +128,7 @@ def test_crashed_node_leaves_the_job_and_srun_exits_0(submit: Callable[..., str]
                             stderr=subprocess.PIPE, text=True)
     try:
         _step_running(job)
-        cluster.crash_node(lost)
+        slurm_cluster.crash_node(lost)
         # Slurm needs ~15-20 s to mark a crashed node DOWN; then the step's srun exits 0
         _, stderr = step.communicate(timeout=60)
         assert step.returncode == 0, stderr  # gotcha: srun exit code does not show a lost node
@@ -160,7 +138,7 @@ def test_crashed_node_leaves_the_job_and_srun_exits_0(submit: Callable[..., str]
         if step.poll() is None:
             step.kill()
             step.wait()
-        cluster.start_node(lost)
+        slurm_cluster.start_node(lost)
     _idle(lost)
 
 

@@ -1,0 +1,162 @@
+"""Checkpointless training on a real Slurm (munge + slurmctld + 4 slurmd on this machine).
+
+Each test submits a real job (submitit, or sbatch with the template), injects a real failure
+from outside (scancel of a step, a crashed node, the warning signal) and checks the oracle:
+the final state's sha256 equals the fault-free local run of the same config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import pytest
+
+from ckptless_hpc.slurm import commands
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
+REPO = Path(__file__).resolve().parents[2]
+LM = ("task=lm", "train.steps=300")
+
+
+def _events(run_dir: Path) -> List[Dict]:
+    try:
+        return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def _wait(what: str, cond: Callable[[], object], within_s: float) -> object:
+    deadline = time.monotonic() + within_s
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within_s}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _event(run_dir: Path, pred: Callable[[Dict], bool], what: str, within_s: float = 120) -> Dict:
+    return _wait(what, lambda: next((e for e in _events(run_dir) if pred(e)), None), within_s)
+
+
+def _submit(run_dir: Path, *overrides: str) -> str:
+    cmd = [sys.executable, "-m", "ckptless_hpc", "cluster=slurm", f"hydra.run.dir={run_dir}", *overrides]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "submitted Slurm job" in p.stdout
+    return json.loads((run_dir / "job.json").read_text())["job_id"]
+
+
+def _finished(job_id: str, run_dir: Path, within_s: float = 180) -> Dict:
+    _wait(f"job {job_id} to leave the queue", lambda: commands.job_state(job_id) not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"), within_s)
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _rank_worker(run_dir: Path, rank: int) -> str:
+    return _event(run_dir, lambda e: e["event"] == "generation_started", "generation 0")["ranks"][str(rank)]
+
+
+def _pid(run_dir: Path, worker: str) -> int:
+    return next(e["pid"] for e in _events(run_dir) if e["event"] == "worker_connected" and e["worker"] == worker)
+
+
+def _past_step(run_dir: Path, step: int) -> None:
+    _event(run_dir, lambda e: e["event"] == "step" and e["step"] >= step, f"step {step}")
+
+
+def test_trains_to_the_end_like_the_local_run(slurm_env, tmp_path, baseline):
+    cfg = ("task=mlp", "train.steps=100")
+    job = _submit(tmp_path, *cfg)
+    s = _finished(job, tmp_path)
+    assert s["status"] == "completed" and s["job"] == job, s
+    assert s["final_state_sha256"] == baseline(*cfg)
+    nodes = {e["node"] for e in _events(tmp_path) if e["event"] == "node_started"}
+    assert nodes <= {"n1", "n2", "n3", "n4"} and len(nodes) == 3  # 2 worker nodes + 1 spare, one srun step each
+
+
+def _assert_one_recovery(s: Dict, failed_node: str) -> Dict:
+    assert s["status"] == "completed", s
+    (rec,) = s["recoveries"]
+    assert rec["failed_ranks"] == [1] and rec["failed_nodes"] == [failed_node]
+    assert rec["survivors_restarted"] == 0 and rec["bytes_transferred"] > 0
+    assert failed_node in s["excluded_nodes"]
+    return rec
+
+
+def test_killed_worker_step_is_replaced_by_the_spare(slurm_env, tmp_path, baseline):
+    job = _submit(tmp_path, *LM)
+    victim = _rank_worker(tmp_path, 1)
+    survivor = _rank_worker(tmp_path, 0)
+    _past_step(tmp_path, 20)
+    step = next(e["slurm_step"] for e in _events(tmp_path) if e["event"] == "worker_connected" and e["worker"] == victim)
+    commands.cancel_step(job, int(step))
+    s = _finished(job, tmp_path)
+    _assert_one_recovery(s, victim.split(".")[0])
+    assert s["final_state_sha256"] == baseline(*LM)
+    # rank 0 never changed process: the same worker reported every step, with the PID it started with
+    steps = [e for e in _events(tmp_path) if e["event"] == "step"]
+    assert {e["worker"] for e in steps} == {survivor}
+    held = [e for e in _events(tmp_path) if e["event"] == "worker_connected" and e["worker"] == survivor]
+    assert len(held) == 1 and _pid(tmp_path, survivor) == held[0]["pid"]
+
+
+def test_crashed_node_is_replaced_by_the_spare(slurm_env, tmp_path, baseline, slurm_cluster):
+    job = _submit(tmp_path, *LM)
+    victim_node = _rank_worker(tmp_path, 1).split(".")[0]
+    _past_step(tmp_path, 20)
+    try:
+        slurm_cluster.crash_node(victim_node)  # slurmd, its stepds and their tasks: SIGKILL
+        s = _finished(job, tmp_path)
+    finally:
+        slurm_cluster.start_node(victim_node)
+    _assert_one_recovery(s, victim_node)
+    assert s["final_state_sha256"] == baseline(*LM)
+
+
+def test_warning_signal_saves_once_requeues_and_resumes(slurm_env, tmp_path, baseline):
+    job = _submit(tmp_path, *LM)
+    _past_step(tmp_path, 40)
+    subprocess.run(["scancel", "--signal=USR2", "--batch", job], check=True, timeout=20)
+    saved = _event(tmp_path, lambda e: e["event"] == "emergency_save", "the emergency copy")["saved"]
+    assert saved and os.path.exists(saved["path"]) and saved["step"] >= 40
+    restarted = _event(tmp_path, lambda e: e["event"] == "generation_started" and e.get("resumed_from"), "the requeued run", within_s=180)
+    assert restarted["resumed_from"]["step"] == saved["step"] and restarted["step"] == saved["step"]
+    s = _finished(job, tmp_path, within_s=240)
+    assert s["status"] == "completed" and s["resumed_from"]["sha256"] == saved["sha256"]
+    assert s["final_state_sha256"] == baseline(*LM)
+
+
+def test_sbatch_template(slurm_env, tmp_path, baseline):
+    cfg = ("task=mlp", "train.steps=50")
+    env = dict(os.environ, CKPTLESS_RUN_DIR=str(tmp_path / "run"), PYTHON=sys.executable)
+    p = subprocess.run(
+        ["sbatch", "--parsable", "--nodes=3", f"--output={tmp_path}/slurm-%j.out", str(REPO / "slurm" / "train.sbatch"), *cfg, "cluster.nodes=2"],
+        capture_output=True, text=True, timeout=30, env=env, cwd=tmp_path, check=True,
+    )
+    job = p.stdout.strip()
+    s = _finished(job, tmp_path / "run")
+    assert s["status"] == "completed" and s["job"] == job
+    assert s["final_state_sha256"] == baseline(*cfg)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert "completed (exit 0)" in out
+
+
+def test_sweep_submits_one_job_per_point(slurm_env, tmp_path):
+    cmd = [sys.executable, "-m", "ckptless_hpc", "-m", "cluster=slurm", "task=mlp", "train.steps=30", "optim.lr=1e-3,3e-4", f"hydra.sweep.dir={tmp_path}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert p.returncode == 0, p.stdout + p.stderr
+    table = [line.split() for line in p.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert len(table) == 2, p.stdout
+    hashes = set()
+    for job, run_dir, *overrides in table:
+        s = _finished(job, Path(run_dir), within_s=240)
+        assert s["status"] == "completed", s
+        hashes.add(s["final_state_sha256"])
+    assert len(hashes) == 2  # two learning rates, two different final states
