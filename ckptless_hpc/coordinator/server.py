@@ -171,7 +171,9 @@ class Coordinator:
             return
         if kind == "built":
             rec.built, rec.state_port = True, int(msg["state_port"])
-            self._emit("spare_ready" if rec.role == "spare" else "worker_ready", rec, state_bytes=msg.get("state_bytes"), params=msg.get("params"))
+            self._emit(
+                "spare_ready" if rec.role == "spare" else "worker_ready", rec, state_bytes=msg.get("state_bytes"), params=msg.get("params"), state_port=rec.state_port
+            )
         elif kind == "metrics":
             self._on_metrics(rec, msg)
         elif kind == "held":
@@ -304,7 +306,7 @@ class Coordinator:
         self.host = protocol.resolve_host(c.bind_host)
         server = await asyncio.start_server(self._handle, host=self.host, port=0)
         self.address = f"{self.host}:{server.sockets[0].getsockname()[1]}"
-        self._emit("job_started", address=self.address, world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
+        self._emit("job_started", address=self.address, coordinator_pid=os.getpid(), world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
         log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
         active, spare = self.launcher.initial_nodes(self.bad_nodes)
         for name in active:
