@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-FAULT_KINDS = ("none", "kill_worker", "kill_node", "hang")
+FAULT_KINDS = ("none", "kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
+FAULT_MOMENTS = ("step", "recovery", "send", "receive")
 
 
 class ConfigError(ValueError):
@@ -52,6 +53,7 @@ class ClusterConfig:
     bind_host: str = "127.0.0.1"  # address services bind to and advertise (never 0.0.0.0 by default)
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 3.0  # a worker silent this long is declared hung
+    straggler_factor: float = 3.0  # a rank this many times slower than the typical rank is reported
     collective_timeout_s: float = 120.0  # last-resort bound on one collective (hangs are normally cut by the coordinator)
     recovery_timeout_s: float = 60.0  # bound on each recovery phase (hold, re-form, transfer)
     startup_timeout_s: float = 300.0  # workers must connect and build the model within this
@@ -85,10 +87,19 @@ class SlurmClusterConfig(ClusterConfig):
 
 @dataclass
 class FaultSpec:
-    kind: str = "none"  # none | kill_worker | kill_node | hang
-    rank: Optional[int] = None  # kill_worker, hang: the rank that fails
+    # kill_worker (SIGKILL) | kill_node (its process group / step) | hang (SIGSTOP) |
+    # slow (a straggler: `factor` times slower for `duration` steps) | kill_spare (a waiting spare) |
+    # corrupt_transfer / truncate_transfer (the next state this rank serves is damaged on the wire)
+    kind: str = "none"
+    rank: Optional[int] = None  # the rank that fails (every kind but kill_node and kill_spare)
     node: Optional[int] = None  # kill_node: the node slot (0..nodes-1) whose node dies
-    step: int = 10  # fires while computing this step (after backward, before the allreduce)
+    step: int = 10  # the step at (or after) which it fires
+    # when a kill/hang fires: "step" (computing `step`, after backward, before the allreduce),
+    # "recovery" (when a recovery starts), "send" (while serving state to a replacement),
+    # "receive" (while the worker that took `rank` receives its state)
+    at: str = "step"
+    factor: float = 5.0  # slow: step time multiplier
+    duration: int = 20  # slow: for this many steps
 
 
 @dataclass
@@ -124,12 +135,14 @@ def _err(field_name: str, value: Any, problem: str, hint: str) -> str:
     return f"{field_name}={value!r}: {problem}. HINT: {hint}"
 
 
+_FAULT_FIELDS = ("kind", "rank", "node", "step", "at", "factor", "duration")
+
+
 def fault_list(fault: Any) -> List[Dict[str, Any]]:
     """All faults of a run (the primary one and the schedule) as plain dicts, kind != none."""
-    items = [dict(kind=fault.kind, rank=fault.rank, node=fault.node, step=fault.step)]
-    for f in fault.schedule or []:
-        items.append(dict(kind=f.kind, rank=f.rank, node=f.node, step=f.step))
-    return [f for f in items if f["kind"] != "none"]
+    items = [fault] + list(fault.schedule or [])
+    out = [{k: getattr(f, k, FaultSpec.__dataclass_fields__[k].default) for k in _FAULT_FIELDS} for f in items]
+    return [f for f in out if f["kind"] != "none"]
 
 
 def validation_errors(cfg: Any) -> List[str]:
@@ -145,6 +158,7 @@ def validation_errors(cfg: Any) -> List[str]:
     need(c.nodes >= 1, "cluster.nodes", c.nodes, "must be >= 1", "set cluster.nodes=2")
     need(c.workers_per_node >= 1, "cluster.workers_per_node", c.workers_per_node, "must be >= 1", "set cluster.workers_per_node=1")
     need(c.spare_nodes >= 0, "cluster.spare_nodes", c.spare_nodes, "must be >= 0", "set cluster.spare_nodes=1 (0 = no hot spares)")
+    need(c.straggler_factor > 1, "cluster.straggler_factor", c.straggler_factor, "must be > 1", "e.g. cluster.straggler_factor=3")
     need(c.max_refills >= 0, "cluster.max_refills", c.max_refills, "must be >= 0", "set cluster.max_refills=0 to never refill")
     need(c.heartbeat_interval_s > 0, "cluster.heartbeat_interval_s", c.heartbeat_interval_s, "must be > 0", "0.5 is a good default")
     need(
@@ -188,7 +202,11 @@ def _fault_errors(cfg: Any) -> List[str]:
             errors.append(
                 _err(f"{prefix}.step", f.step, f"must be in [0, train.steps={cfg.train.steps})", "pick a step the run reaches")
             )
-        if f.kind in ("kill_worker", "hang"):
+        if f.at not in FAULT_MOMENTS:
+            errors.append(_err(f"{prefix}.at", f.at, "unknown moment", f"use one of {', '.join(FAULT_MOMENTS)}"))
+        if f.kind == "slow" and (f.factor <= 1 or f.duration < 1):
+            errors.append(_err(f"{prefix}.factor", f.factor, "a straggler needs factor > 1 and duration >= 1", "e.g. factor: 5, duration: 20"))
+        if f.kind not in ("kill_node", "kill_spare"):
             if f.rank is None or not 0 <= f.rank < world:
                 errors.append(
                     _err(

@@ -21,6 +21,10 @@ from typing import Any, Iterable, List, Optional
 from .config import fault_list
 
 
+KILLS = ("kill_worker", "kill_node", "hang")
+WIRE = ("corrupt_transfer", "truncate_transfer")
+
+
 @dataclass(frozen=True)
 class Fault:
     index: int
@@ -28,33 +32,65 @@ class Fault:
     step: int
     rank: Optional[int] = None
     node: Optional[int] = None
+    at: str = "step"
+    factor: float = 5.0
+    duration: int = 20
 
     def describe(self) -> str:
-        where = f"rank {self.rank}" if self.kind != "kill_node" else f"node slot {self.node}"
-        return f"{self.kind} of {where} at step {self.step}"
+        if self.kind == "kill_node":
+            where = f"node slot {self.node}"
+        elif self.kind == "kill_spare":
+            where = "a waiting spare"
+        else:
+            where = f"rank {self.rank}"
+        when = f"at step {self.step}" if self.at == "step" else f"during {self.at} (from step {self.step})"
+        return f"{self.kind} of {where} {when}"
+
+    def owner(self, rank: int, workers_per_node: int) -> bool:
+        if self.kind == "kill_node":
+            return self.node is not None and rank == self.node * workers_per_node  # first rank of the slot
+        return self.rank == rank
 
 
 def faults_from_config(cfg: Any) -> List[Fault]:
     return [Fault(index=i, **f) for i, f in enumerate(fault_list(cfg.fault))]
 
 
-def due(faults: Iterable[Fault], done: Iterable[int], rank: int, workers_per_node: int, step: int) -> Optional[Fault]:
-    """The fault this rank must fire at this step, if any (pure)."""
+def due(faults: Iterable[Fault], done: Iterable[int], rank: int, workers_per_node: int, step: int, at: str = "step") -> Optional[Fault]:
+    """The fault this rank must fire now (pure). ``at``: the moment the caller is at.
+
+    "step" faults fire at exactly their step; the others (recovery, send, receive) at the
+    first such moment at or after their step. A fired fault (in ``done``) never fires again,
+    so a replacement that reaches the same step does not repeat it.
+    """
     fired = set(done)
     for f in faults:
-        if f.index in fired or f.step != step:
+        if f.index in fired or not f.owner(rank, workers_per_node):
             continue
-        if f.kind in ("kill_worker", "hang") and f.rank == rank:
+        if f.kind in KILLS and f.at == at and (step == f.step if at == "step" else step >= f.step):
             return f
-        # the first rank of the node slot fires a node kill, for the whole node
-        if f.kind == "kill_node" and rank == f.node * workers_per_node:
+        if f.kind in WIRE and at == "send" and step >= f.step:
             return f
     return None
 
 
+def slowdown(faults: Iterable[Fault], rank: int, step: int) -> float:
+    """Step-time multiplier of a straggler fault active for this rank at this step (1.0 = none)."""
+    for f in faults:
+        if f.kind == "slow" and f.rank == rank and f.step <= step < f.step + f.duration:
+            return f.factor
+    return 1.0
+
+
+def spare_fault_due(faults: Iterable[Fault], done: Iterable[int], step: int) -> Optional[Fault]:
+    """A kill_spare fault the coordinator must trigger now that the job reached ``step``."""
+    fired = set(done)
+    return next((f for f in faults if f.kind == "kill_spare" and f.index not in fired and step >= f.step), None)
+
+
 def fire(fault: Fault) -> None:
     """Act on this process (does not return for kills; a hang returns when SIGCONT arrives)."""
-    if fault.kind == "kill_worker":
+    if fault.kind in ("kill_worker", "kill_spare"):
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault.kind == "kill_node":
         from .slurm.env import SlurmEnvironment

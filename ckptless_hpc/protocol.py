@@ -21,6 +21,7 @@ import struct
 from typing import Any, Dict, Optional
 
 MAX_FRAME = 1 << 20
+AUTH_FRAME = 1024  # an unauthenticated peer may send this much, no more
 SECRET_ENV = "CKPTLESS_SECRET"
 SECRET_FILE_ENV = "CKPTLESS_SECRET_FILE"
 _HDR = struct.Struct(">I")
@@ -56,8 +57,13 @@ def resolve_host(value: str) -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
-def mac(secret: str, nonce: str) -> str:
-    return hmac.new(secret.encode(), _DOMAIN + nonce.encode(), hashlib.sha256).hexdigest()
+def mac(secret: str, nonce: str, role: str = "client") -> str:
+    return hmac.new(secret.encode(), _DOMAIN + role.encode() + b"|" + nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def _mac_ok(answer: Any, secret: str, nonce: str, role: str) -> bool:
+    given = answer if isinstance(answer, str) else ""
+    return hmac.compare_digest(given.encode("utf-8", "replace"), mac(secret, nonce, role).encode())
 
 
 def encode(msg: Dict[str, Any]) -> bytes:
@@ -70,16 +76,16 @@ def encode(msg: Dict[str, Any]) -> bytes:
 def decode(body: bytes) -> Dict[str, Any]:
     try:
         msg = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProtocolError(f"malformed frame: {e}") from None
+    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, absurd nesting
+        raise ProtocolError(f"malformed frame: {type(e).__name__}: {str(e)[:100]}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
         raise ProtocolError("malformed frame: not an object with a string 'type'")
     return msg
 
 
-def _check_len(n: int) -> int:
-    if n > MAX_FRAME:
-        raise ProtocolError(f"frame length {n} exceeds the {MAX_FRAME}-byte limit")
+def _check_len(n: int, max_len: int = MAX_FRAME) -> int:
+    if n > max_len:
+        raise ProtocolError(f"frame length {n} exceeds the {max_len}-byte limit")
     return n
 
 
@@ -98,9 +104,9 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_msg(sock: socket.socket) -> Dict[str, Any]:
+def recv_msg(sock: socket.socket, max_len: int = MAX_FRAME) -> Dict[str, Any]:
     (n,) = _HDR.unpack(recv_exact(sock, 4))
-    return decode(recv_exact(sock, _check_len(n)))
+    return decode(recv_exact(sock, _check_len(n, max_len)))
 
 
 def send_msg(sock: socket.socket, msg: Dict[str, Any]) -> None:
@@ -108,22 +114,30 @@ def send_msg(sock: socket.socket, msg: Dict[str, Any]) -> None:
 
 
 def client_handshake(sock: socket.socket, secret: str) -> None:
+    """Prove we know the secret, and make the server prove it too (mutual: no rogue listener)."""
     challenge = recv_msg(sock)
     if challenge.get("type") != "challenge" or not isinstance(challenge.get("nonce"), str):
         raise ProtocolError(f"expected a challenge, got {challenge.get('type')!r}")
-    send_msg(sock, {"type": "auth", "mac": mac(secret, challenge["nonce"])})
+    mine = secrets.token_hex(16)
+    send_msg(sock, {"type": "auth", "mac": mac(secret, challenge["nonce"]), "nonce": mine})
     reply = recv_msg(sock)
-    if reply.get("type") != "welcome":
-        raise ProtocolError(f"authentication refused by the server: {reply}")
+    if reply.get("type") != "welcome" or not _mac_ok(reply.get("mac"), secret, mine, "server"):
+        raise ProtocolError("the server did not prove it knows the job secret")
+
+
+def _check_answer(answer: Dict[str, Any], secret: str, nonce: str) -> Dict[str, Any]:
+    if answer.get("type") != "auth" or not _mac_ok(answer.get("mac"), secret, nonce, "client"):
+        raise ProtocolError("authentication failed: wrong or missing MAC")
+    theirs = answer.get("nonce")
+    if not isinstance(theirs, str) or not 16 <= len(theirs) <= 64:
+        raise ProtocolError("authentication failed: missing client nonce")
+    return {"type": "welcome", "mac": mac(secret, theirs, "server")}
 
 
 def server_handshake(sock: socket.socket, secret: str) -> None:
     nonce = secrets.token_hex(16)
     send_msg(sock, {"type": "challenge", "nonce": nonce})
-    answer = recv_msg(sock)
-    if answer.get("type") != "auth" or not hmac.compare_digest(str(answer.get("mac", "")), mac(secret, nonce)):
-        raise ProtocolError("authentication failed: wrong or missing MAC")
-    send_msg(sock, {"type": "welcome"})
+    send_msg(sock, _check_answer(recv_msg(sock, max_len=AUTH_FRAME), secret, nonce))
 
 
 def connect(host: str, port: int, secret: str, timeout_s: float = 10.0) -> socket.socket:
@@ -137,17 +151,15 @@ def connect(host: str, port: int, secret: str, timeout_s: float = 10.0) -> socke
 # ---------------------------------------------------------------------------- asyncio side
 
 
-async def arecv_msg(reader: asyncio.StreamReader) -> Dict[str, Any]:
+async def arecv_msg(reader: asyncio.StreamReader, max_len: int = MAX_FRAME) -> Dict[str, Any]:
     (n,) = _HDR.unpack(await reader.readexactly(4))
-    return decode(await reader.readexactly(_check_len(n)))
+    return decode(await reader.readexactly(_check_len(n, max_len)))
 
 
 async def aserver_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str, timeout_s: float) -> None:
     nonce = secrets.token_hex(16)
     writer.write(encode({"type": "challenge", "nonce": nonce}))
     await writer.drain()
-    answer = await asyncio.wait_for(arecv_msg(reader), timeout_s)
-    if answer.get("type") != "auth" or not hmac.compare_digest(str(answer.get("mac", "")), mac(secret, nonce)):
-        raise ProtocolError("authentication failed: wrong or missing MAC")
-    writer.write(encode({"type": "welcome"}))
+    answer = await asyncio.wait_for(arecv_msg(reader, max_len=AUTH_FRAME), timeout_s)
+    writer.write(encode(_check_answer(answer, secret, nonce)))
     await writer.drain()

@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 from .. import protocol
 from ..config import fault_list
 from ..metrics import EventLog, Recovery, goodput
-from .detector import silent_workers
+from ..faults import faults_from_config, spare_fault_due
+from .detector import silent_workers, stragglers
 from .planner import Spare, initial_ranks, plan_recovery
 
 log = logging.getLogger("ckptless_hpc.coordinator")
@@ -46,12 +47,15 @@ class WorkerRec:
     built: bool = False
     last_seen: Optional[float] = None
     rank: Optional[int] = None
+    compute_s: Optional[float] = None
+    outbox: List[Dict[str, Any]] = field(default_factory=list)  # said before it connected
 
 
 @dataclass
 class _GenState:
     held: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     ready: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    joining: Set[str] = field(default_factory=set)  # holds its state, forming the group
     fetched: List[Dict[str, Any]] = field(default_factory=list)
     done: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
@@ -75,7 +79,10 @@ class Coordinator:
         self.bad_nodes: Set[str] = set()
         self.active_nodes: Set[str] = set()
         self.pending: Dict[str, tuple] = {}  # failed worker -> (reason, detect time)
+        self.faults = faults_from_config(cfg)
         self.faults_done: Set[int] = set()
+        self._injected: Set[int] = set()
+        self.slow_ranks: Dict[int, float] = {}
         self.fault_times: List[float] = []
         self.step_log: Dict[int, Dict[str, Any]] = {}
         self.recoveries: List[Recovery] = []
@@ -118,7 +125,10 @@ class Coordinator:
         return self.gens.setdefault(gen, _GenState())
 
     def _send(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
-        if rec.writer is None or rec.writer.is_closing():
+        if rec.writer is None:  # still starting (a spare promoted before it connected): keep in order
+            rec.outbox.append(msg)
+            return
+        if rec.writer.is_closing():
             return
         try:
             rec.writer.write(protocol.encode(msg))
@@ -149,9 +159,13 @@ class Coordinator:
             self._emit("worker_connected", rec, pid=rec.pid, slurm_step=hello.get("slurm_step"))
             await self._store_ready.wait()
             self._send(rec, {"type": "config", "worker_id": wid, "job": self.job_id, "config": OmegaConf.to_container(self.cfg, resolve=True), "store": self.store_addr})
-        except (protocol.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, KeyError, ValueError) as e:
-            log.warning("rejected a connection from %s: %s", peer, e)
-            self._emit("connection_rejected", peer=str(peer), error=str(e))
+            for queued in rec.outbox:
+                self._send(rec, queued)
+            rec.outbox.clear()
+        except (protocol.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, KeyError, ValueError, TypeError) as e:
+            why = str(e) or type(e).__name__
+            log.warning("rejected a connection from %s: %s", peer, why)
+            self._emit("connection_rejected", peer=str(peer), error=why)
             writer.close()
             return
         try:
@@ -168,6 +182,7 @@ class Coordinator:
     def _dispatch(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
         kind = msg["type"]
         if kind == "hb":
+            rec.compute_s = msg.get("compute_s")
             return
         if kind == "built":
             rec.built, rec.state_port = True, int(msg["state_port"])
@@ -181,11 +196,13 @@ class Coordinator:
             if gen is not None:
                 self._g(int(gen)).held[rec.wid] = msg
             elif not self.stopping and rec.role == "active" and msg.get("gen") == self.gen:
-                log.warning("rank %s reported: %s", rec.rank, msg.get("reason"))
+                log.info("rank %s reported: %s", rec.rank, str(msg.get("reason"))[:160])
                 self._emit("collective_error", rec, step=msg.get("step"), reason=msg.get("reason"))
                 asyncio.ensure_future(self._reform_if_unexplained(self.gen))
         elif kind == "ready":
             self._g(int(msg["gen"])).ready[rec.wid] = msg
+        elif kind == "joining":
+            self._g(int(msg["gen"])).joining.add(rec.wid)
         elif kind == "fetched":
             self._g(int(msg["gen"])).fetched.append(dict(msg, worker=rec.wid))
             self._emit("state_transferred", rec, source=msg.get("source"), bytes=msg.get("bytes"), seconds=msg.get("seconds"))
@@ -211,6 +228,11 @@ class Coordinator:
         now = self.clock()
         self.step_log[step] = {"loss": msg["loss"], "step_s": msg["step_s"], "t": now, "gen": msg.get("gen")}
         self._emit("step", rec, step=step, loss=msg["loss"], lr=msg.get("lr"), step_s=msg["step_s"])
+        f = spare_fault_due(self.faults, self.faults_done | self._injected, step)
+        spare = next((w for w in self.workers.values() if w.role == "spare" and w.writer is not None), None)
+        if f is not None and spare is not None:
+            self._injected.add(f.index)
+            self._send(spare, {"type": "inject", "index": f.index})
         r = self.resuming
         if r is not None and r.target_step is not None and step > r.target_step:
             r.t_resumed = now
@@ -277,6 +299,19 @@ class Coordinator:
             seen = {w.wid: w.last_seen for w in live}
             for wid, reason in silent_workers(self.clock(), seen, seen.keys(), c.heartbeat_timeout_s):
                 self._lost(self.workers[wid], reason)
+            self._watch_stragglers()
+
+    def _watch_stragglers(self) -> None:
+        times = {self.workers[w].rank: self.workers[w].compute_s for w in self.ranks.values() if self.workers[w].role == "active"}
+        slow = stragglers(times, self.cfg.cluster.straggler_factor)
+        for r, ratio in slow.items():
+            if r not in self.slow_ranks:
+                self._emit("straggler", self.workers[self.ranks[r]], ratio=round(ratio, 2), compute_s=times[r])
+                log.warning("rank %d is a straggler: %.1fx slower than the typical rank (reported, not failed)", r, ratio)
+        for r in set(self.slow_ranks) - set(slow):
+            if r in self.ranks:
+                self._emit("straggler_recovered", self.workers[self.ranks[r]])
+        self.slow_ranks = slow
 
     async def _reform_if_unexplained(self, gen: int) -> None:
         """A survivor saw a collective fail but nobody is known dead: re-form after a grace."""
@@ -294,10 +329,15 @@ class Coordinator:
         self._emit("node_started", node=name, role=role, workers=self.wpn)
 
     def _make_store(self) -> None:
+        import socket
+
         import torch.distributed as dist
 
-        self.store = dist.TCPStore(self.host, 0, is_master=True, wait_for_workers=False)
-        self.store_addr = f"{self.host}:{self.store.port}"
+        # our own listening socket, so that the store binds to cluster.bind_host only
+        self._store_sock = socket.create_server((self.host, 0))
+        port = self._store_sock.getsockname()[1]
+        self.store = dist.TCPStore(self.host, port, is_master=True, wait_for_workers=False, master_listen_fd=self._store_sock.fileno())
+        self.store_addr = f"{self.host}:{port}"
 
     async def run(self) -> int:
         c = self.cfg.cluster
@@ -418,18 +458,23 @@ class Coordinator:
                 self._emit("spare_promoted", self.workers[w], rank=r, step=plan.target_step)
             self.ranks = plan.ranks
             self._assign(self.ranks, plan.target_step, plan.sources)
-            ok = await self._until(lambda: bool(self.pending) or all(w in g.ready for w in self.ranks.values()), c.recovery_timeout_s)
+            # a promoted spare that is still starting needs its start-up time first
+            unbuilt = any(not self.workers[w].built for w in self.ranks.values())
+            limit = c.recovery_timeout_s + (c.startup_timeout_s if unbuilt else 0)
+            ok = await self._until(lambda: bool(self.pending) or all(w in g.ready for w in self.ranks.values()), limit)
             if self.pending:
                 continue
             if not ok:
+                # blame only who never got as far as forming the group; if all did, form again
                 for w in self.ranks.values():
-                    if w not in g.ready:
-                        self._lost(self.workers[w], f"did not join generation {gen} within {c.recovery_timeout_s}s")
+                    if w not in g.joining:
+                        self._lost(self.workers[w], f"did not join generation {gen} within {limit:.0f}s")
+                self.reform_requested = not self.pending
                 continue
             break
         rec.gen = self.gen
         rec.t_ready = self.clock()
-        rec.replacements = {str(r): w for r, w in plan.promoted.items()}
+        rec.replacements = {str(r): self.ranks[r] for r in rec.failed_ranks if r in self.ranks}
         rec.transfer_s = max([f.get("seconds", 0.0) for f in g.fetched], default=0.0)
         rec.bytes_transferred = sum(int(f.get("bytes", 0)) for f in g.fetched)
         rec.survivors_restarted = sum(1 for w, m in g.held.items() if w in g.ready and g.ready[w].get("pid") != m.get("pid"))

@@ -26,6 +26,8 @@ from .snapshot import Entries, byte_view
 log = logging.getLogger(__name__)
 
 MAX_HEADER = 64 << 20
+MAX_CONNECTIONS = 32  # concurrent state requests served; more are refused at once
+HANDSHAKE_TIMEOUT_S = 10.0
 _DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
 
 
@@ -37,7 +39,8 @@ class TransferError(Exception):
     """A transfer failed: refused, truncated, or checksum mismatch."""
 
 
-Provider = Callable[[int, int], Tuple[Entries, Dict[str, Any]]]
+# returns (entries, meta) or, to inject a wire fault, (entries, meta, "corrupt" | "truncate")
+Provider = Callable[[int, int], Tuple[Any, ...]]
 
 
 @dataclass
@@ -73,6 +76,7 @@ class StateServer:
         self.host = bind_host
         self.port = self._sock.getsockname()[1]
         self.refused = 0
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         threading.Thread(target=self._accept_loop, name="state-server", daemon=True).start()
 
     def _accept_loop(self) -> None:
@@ -81,18 +85,29 @@ class StateServer:
                 conn, addr = self._sock.accept()
             except OSError:
                 return
+            if not self._slots.acquire(blocking=False):
+                self.refused += 1
+                log.warning("%sstate request from %s rejected: %d connections already open", self._describe, addr, MAX_CONNECTIONS)
+                conn.close()
+                continue
             threading.Thread(target=self._serve, args=(conn, addr), daemon=True).start()
 
     def _serve(self, conn: socket.socket, addr: Any) -> None:
         try:
-            conn.settimeout(30.0)
+            self._serve_one(conn, addr)
+        finally:
+            self._slots.release()
+
+    def _serve_one(self, conn: socket.socket, addr: Any) -> None:
+        try:
+            conn.settimeout(HANDSHAKE_TIMEOUT_S)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             protocol.server_handshake(conn, self._secret)
             req = protocol.recv_msg(conn)
             if req.get("type") != "fetch":
                 raise protocol.ProtocolError(f"expected fetch, got {req.get('type')!r}")
             try:
-                entries, meta = self._provider(int(req["gen"]), int(req["step"]))
+                entries, meta, *damage = self._provider(int(req["gen"]), int(req["step"]))
             except StaleState as e:
                 protocol.send_msg(conn, {"type": "refused", "reason": str(e)})
                 return
@@ -100,12 +115,19 @@ class StateServer:
             header = [{"name": n, "dtype": str(t.dtype), "shape": list(t.shape)} for n, t in entries]
             _send_big(conn, {"type": "state", "entries": header, "meta": meta})
             crc = 0
-            for _, t in entries:
+            for i, (_, t) in enumerate(entries):
                 mv = byte_view(t)
-                conn.sendall(mv)
                 crc = zlib.crc32(mv, crc)
+                if damage and i == 0:  # injected fault: the bytes on the wire differ from the state
+                    if damage[0] == "truncate":
+                        conn.sendall(mv[: len(mv) // 2])
+                        return
+                    bad = bytearray(mv)
+                    bad[len(bad) // 2] ^= 0xFF
+                    mv = memoryview(bad)
+                conn.sendall(mv)
             protocol.send_msg(conn, {"type": "end", "crc32": crc})
-        except (protocol.ProtocolError, ConnectionError, OSError, ValueError, KeyError) as e:
+        except (protocol.ProtocolError, ConnectionError, OSError, ValueError, KeyError, TypeError) as e:
             self.refused += 1
             log.warning("%sstate request from %s rejected: %s", self._describe, addr, e)
         finally:
@@ -157,7 +179,3 @@ def fetch_state(host: str, port: int, secret: str, gen: int, step: int, timeout_
     finally:
         sock.close()
 
-
-def close_quietly(server: Optional[StateServer]) -> None:
-    if server is not None:
-        server.close()

@@ -78,6 +78,7 @@ class Worker:
         self._abandoned: List[Any] = []
         self._wake = threading.Event()
         self._stopping = False
+        self.compute_s: Optional[float] = None  # forward+backward time of the last step (straggler detection)
 
     # ------------------------------------------------------------------ set-up
     def start(self) -> None:
@@ -94,7 +95,7 @@ class Worker:
         self.worker_id = msg["worker_id"]
         self.ctx["job"] = msg.get("job", "-")
         # heartbeats start before the (possibly slow) build so that building is not silence
-        self.client.heartbeat_fields = lambda: {"gen": self.gen, "step": self.step, "training": self.training}
+        self.client.heartbeat_fields = lambda: {"gen": self.gen, "step": self.step, "training": self.training, "compute_s": self.compute_s}
         self.client.start_heartbeats(float(msg["config"]["cluster"]["heartbeat_interval_s"]))
         try:
             self._build(msg["config"], msg["store"])
@@ -134,8 +135,7 @@ class Worker:
         entries, _ = collect_state(self.model, self.optimizer, self.task, 0)
         self.state_bytes = state_nbytes(entries)
         self.faults = faultlib.faults_from_config(self.cfg)
-        host, _, port = store_addr.rpartition(":")
-        self.store = connect_store(host, int(port), self.cfg.cluster.recovery_timeout_s)
+        self.store_addr = store_addr
         self.server = StateServer(self.host, self.secret, self._provide, describe=f"[{self.node}] ")
         self.step = 0  # a freshly built model is the state of step 0 on every worker (seeded init)
         log.info("built %s; state %.1f MB; serving state on %s:%d", self.task.describe(), self.state_bytes / 1e6, self.host, self.server.port)
@@ -162,11 +162,27 @@ class Worker:
             if kind == "assign":
                 self._on_assign(msg)
             elif kind == "abort":
+                fault = self._due("recovery", self.step)
+                if fault is not None:
+                    self._fire(fault, self.step)
                 self._send_held(int(msg["gen"]), reason="abort")
+            elif kind == "inject":
+                self._fire(self.faults[int(msg["index"])], self.step)
             elif kind == "stop":
                 self._on_stop(msg)
             else:
                 log.warning("ignoring unknown message %r", kind)
+
+    def _fire(self, fault: faultlib.Fault, step: Optional[int]) -> None:
+        """Tell the coordinator which fault fires (so it is never repeated), then act on ourselves."""
+        self.client.send({"type": "fault", "index": fault.index, "kind": fault.kind, "at": fault.at, "gen": self.gen, "rank": self.rank, "step": step, "pid": os.getpid()})
+        log.warning("injecting fault: %s", fault.describe())
+        faultlib.fire(fault)
+
+    def _due(self, at: str, step: Optional[int]) -> Optional[faultlib.Fault]:
+        if self.rank is None or step is None:
+            return None
+        return faultlib.due(self.faults, self.faults_done, self.rank, self.cfg.cluster.workers_per_node, step, at)
 
     def _send_held(self, abort_gen: Optional[int], reason: str) -> None:
         self.client.send({"type": "held", "gen": self.gen, "abort_gen": abort_gen, "step": self.step, "pid": os.getpid(), "reason": reason})
@@ -223,8 +239,9 @@ class Worker:
             if self.step != target:
                 self._fetch(msg.get("sources", []), gen, target, timeout_s)
             t0 = time.monotonic()
+            self.client.send({"type": "joining", "gen": gen, "step": self.step})
             self.pg = self._interruptible(
-                lambda: form_group(self.store, gen, self.rank, self.world, self.host, self.cfg.cluster.collective_timeout_s, self.device),
+                lambda: form_group(self._store(), gen, self.rank, self.world, self.host, self.cfg.cluster.collective_timeout_s, self.device),
                 gen,
                 timeout_s,
                 "form-group",
@@ -243,7 +260,10 @@ class Worker:
         if not sources:
             raise TransferError(f"step {target} needed but the coordinator named no source")
         errors = []
-        for src in sources:
+        for src in sources * 2:  # a damaged transfer is fetched again, from another peer where one exists
+            fault = self._due("receive", target)
+            if fault is not None:
+                self._fire(fault, target)
             try:
                 got = self._interruptible(
                     lambda: fetch_state(src["host"], int(src["port"]), self.secret, gen, target, timeout_s), gen, timeout_s, "fetch-state"
@@ -278,7 +298,23 @@ class Worker:
     def _provide(self, gen: int, step: int) -> Any:
         if self.training or self.step != step:
             raise StaleState(f"{self.node} holds step {self.step} (training={self.training}); asked for step {step} of generation {gen}")
-        return collect_state(self.model, self.optimizer, self.task, self.step)
+        entries, meta = collect_state(self.model, self.optimizer, self.task, self.step)
+        fault = self._due("send", step)
+        if fault is not None and fault.kind in faultlib.WIRE:
+            self.faults_done.add(fault.index)
+            self.client.send({"type": "fault", "index": fault.index, "kind": fault.kind, "at": "send", "gen": gen, "rank": self.rank, "step": step, "pid": os.getpid()})
+            log.warning("injecting fault: %s", fault.describe())
+            return entries, meta, fault.kind.split("_")[0]  # "corrupt" | "truncate"
+        if fault is not None:
+            self._fire(fault, step)
+        return entries, meta
+
+    def _store(self) -> Any:
+        """A store client per generation: an abandoned formation may block its client forever."""
+        host, _, port = self.store_addr.rpartition(":")
+        store = connect_store(host, int(port), self.cfg.cluster.recovery_timeout_s)
+        self._abandoned.append(store)
+        return store
 
     def _abandon_group(self) -> None:
         if self.pg is not None:
@@ -322,11 +358,13 @@ class Worker:
         loss = self.task.loss(self.model, batch)
         loss.backward()
         self.flat[-1] = loss.detach()
-        fault = faultlib.due(self.faults, self.faults_done, rank, cfg.cluster.workers_per_node, step)
+        factor = faultlib.slowdown(self.faults, rank, step)
+        if factor > 1:  # an injected straggler: alive, just slow
+            time.sleep((factor - 1) * (time.perf_counter() - t0))
+        self.compute_s = time.perf_counter() - t0
+        fault = self._due("step", step)
         if fault is not None:
-            self.client.send({"type": "fault", "index": fault.index, "kind": fault.kind, "gen": gen, "rank": rank, "step": step, "pid": os.getpid()})
-            log.warning("injecting fault: %s", fault.describe())
-            faultlib.fire(fault)
+            self._fire(fault, step)
         futures = []
         for b in self.buckets:
             fut = self.pg.allreduce([b]).get_future()
