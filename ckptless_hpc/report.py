@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .rundir import PHASES, RecoveryView, Run, global_batch, progress, recoveries, requeues, step_series
+from .rundir import PHASES, RecoveryView, Run, global_batch, incidents, progress, recoveries, requeues, step_series
 
 PHASE_COLORS = {"detect": "#d62728", "reconfigure": "#ff7f0e", "transfer": "#1f77b4", "resume": "#2ca02c"}
 PHASE_MEANING = {
@@ -59,7 +59,7 @@ def run_text(run: Run, now: float) -> str:
             f"  final state     sha256 {s['final_state_sha256']}",
         ]
         if s.get("error"):
-            lines.append("  error           " + str(s["error"]).replace("\n", "\n                  "))
+            lines.append("  error           " + str(s["error"]).strip().replace("\n", "\n                  "))
         if s.get("saved_state"):
             lines.append(f"  saved state     {s['saved_state'].get('path')} (step {s['saved_state'].get('step')})")
     for q in requeues(run.events):
@@ -70,6 +70,11 @@ def run_text(run: Run, now: float) -> str:
     lines.append(f"  recoveries      {len(recs)}" + (f", total downtime {_s(total_down)} s" if recs else ""))
     for r in recs:
         lines += recovery_lines(r)
+    t0 = step_series(run.events).t0
+    for f in unrecovered_failures(run, recs):
+        lines.append(f"  not recovered   t={float(f['time']) - t0:.2f} s: rank {f.get('rank')} ({f.get('worker')} on {f.get('node')}) failed: {f.get('reason')}")
+    for inc in incidents(run.events):
+        lines.append(f"  {inc.kind:<15} t={inc.t - t0:.2f} s: {inc.text}")
     return "\n".join(lines)
 
 
@@ -103,6 +108,21 @@ def _job(run: Run) -> str:
     return str(run.started.get("job", "?"))
 
 
+def unrecovered_failures(run: Run, recs: Sequence[RecoveryView]) -> List[Dict[str, Any]]:
+    """failure_detected events of ranks (not spares) that no completed recovery covers."""
+    covered = {(r.gen, w) for r in recs for w in r.failed_workers}
+    out = []
+    for att in run.attempts:
+        gens = sorted({r.gen for r in recs})
+        for e in att:
+            if e.get("event") != "failure_detected" or e.get("role") != "active":
+                continue
+            nxt = next((g for g in gens if g > (e.get("gen") or 0)), None)
+            if nxt is None or (nxt, e.get("worker")) not in covered:
+                out.append(e)
+    return out
+
+
 # ------------------------------------------------------------------------------ sweep table
 TABLE_COLUMNS = (
     "run", "status", "steps", "wall_s", "goodput", "recoveries", "downtime_s",
@@ -125,7 +145,7 @@ def table_rows(runs: Sequence[Run]) -> List[Dict[str, Any]]:
     for run, label in zip(runs, varying_overrides(runs)):
         s = run.summary or {}
         recs = recoveries(run)
-        row: Dict[str, Any] = {"run": label, "path": run.path}
+        row: Dict[str, Any] = {"run": _clip(label, 48), "label": label, "path": run.path}
         row["status"] = s.get("status", "running?")
         row["steps"] = f"{s['steps_completed']}/{s['steps_requested']}" if s else "-"
         row["wall_s"] = s.get("wall_s")
@@ -164,7 +184,7 @@ def sweep_text(runs: Sequence[Run]) -> str:
     for g in same:
         out.append(f"same final state: {', '.join(g)}")
     for row in rows:
-        out.append(f"{row['run']}: {row['path']}")
+        out.append(f"{row['label']}: {row['path']}")
     return "\n".join(out)
 
 
@@ -179,21 +199,31 @@ def _cell(col: str, v: Any) -> str:
 
 
 # ------------------------------------------------------------------------------ chart data (pure)
-def throughput(t: Sequence[float], steps_window: int = 5) -> Tuple[List[float], List[float], List[float]]:
-    """(times, raw steps/s, smoothed steps/s) from the arrival times of consecutive steps.
+def throughput(t: Sequence[float], short: int = 3, long: int = 10) -> Tuple[List[float], List[float], List[float]]:
+    """(times, steps/s over the last ``short`` steps, steps/s over the last ``long`` steps).
 
-    Raw: 1 / (time since the previous step): one long interval (a recovery) shows as a deep
-    notch. Smoothed: steps per second over the last ``steps_window`` intervals.
+    Rates over a few steps, not 1 / one interval: step events are stamped when the coordinator
+    receives them, and a burst of queued messages would otherwise read as thousands of steps/s.
+    A recovery (one long interval) still shows as a notch.
     """
-    times, raw, smooth = [], [], []
+    times: List[float] = []
+    fast: List[float] = []
+    slow: List[float] = []
     for i in range(1, len(t)):
-        dt = t[i] - t[i - 1]
         times.append(t[i])
-        raw.append(1.0 / dt if dt > 0 else float("nan"))
-        j = max(0, i - steps_window)
-        span = t[i] - t[j]
-        smooth.append((i - j) / span if span > 0 else float("nan"))
-    return times, raw, smooth
+        for k, out in ((short, fast), (long, slow)):
+            j = max(0, i - k)
+            span = t[i] - t[j]
+            out.append((i - j) / span if span > 0 else float("nan"))
+    return times, fast, slow
+
+
+def robust_top(values: Sequence[float], q: float = 0.98, headroom: float = 1.3) -> Optional[float]:
+    """An axis limit that ignores rare spikes: the q-quantile times ``headroom``."""
+    vals = sorted(v for v in values if v == v)  # drop NaN
+    if not vals:
+        return None
+    return vals[min(len(vals) - 1, int(q * len(vals)))] * headroom
 
 
 def moving_average(xs: Sequence[float], window: int) -> List[float]:
@@ -247,19 +277,22 @@ def run_chart(run: Run, out_png: str) -> str:
 
     # ---- loss and throughput, one line segment per attempt (never across a requeue gap)
     win = max(1, len(ser.loss) // 40)
+    tops: List[Optional[float]] = []
     for k, seg in enumerate(ser.segments()):
         first = k == 0
         ax_loss.plot(seg.t, seg.loss, color="#9bbbd9", lw=0.8, label="loss (each step, mean over ranks)" if first else None)
         if win > 1:
             ax_loss.plot(seg.t, moving_average(seg.loss, win), color="#1f4e79", lw=2, label=f"loss ({win}-step moving average)" if first else None)
-        tt, raw, smooth = throughput(seg.t)
-        ax_tp.plot(tt, raw, color="#c7c7c7", lw=0.8, label="steps/s (1 / time since previous step)" if first else None)
-        ax_tp.plot(tt, smooth, color="#333333", lw=1.8, label="steps/s (over the last 5 steps)" if first else None)
+        tt, fast, slow = throughput(seg.t)
+        ax_tp.plot(tt, fast, color="#b0b0b0", lw=0.8, label="steps/s (over the last 3 steps)" if first else None)
+        ax_tp.plot(tt, slow, color="#333333", lw=1.8, label="steps/s (over the last 10 steps)" if first else None)
+        tops.append(robust_top(slow, headroom=1.6))
     ax_loss.set_ylabel("training loss")
     ax_loss.grid(alpha=0.3)
     ax_tp.set_ylabel("throughput (steps/s)")
     ax_tp.set_xlabel("training time (s since the first generation started)")
-    ax_tp.set_ylim(bottom=0)
+    top = max([x for x in tops if x], default=None)
+    ax_tp.set_ylim(0, top) if top else ax_tp.set_ylim(bottom=0)
     ax_tp.grid(alpha=0.3)
     gb = global_batch(run)
     if gb:
@@ -287,17 +320,53 @@ def run_chart(run: Run, out_png: str) -> str:
             xycoords=("data", "axes fraction"), ha="center", va="center", fontsize=9, color="#333333",
             bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#7f7f7f", alpha=0.9),
         )
+    t_last = max([ser.t[-1] if ser.t else 0.0] + [r.t_resumed - ser.t0 for r in recs])
+    unrecovered: List[Tuple[float, str]] = []
+    for f in unrecovered_failures(run, recs):
+        x = float(f["time"]) - ser.t0
+        t_last = max(t_last, x)
+        for ax in (ax_loss, ax_tp):
+            ax.axvline(x, color="#d62728", ls="--", lw=1.2)
+        unrecovered.append((x, f"rank {f.get('rank')} ({f.get('worker')}) failed:\n{str(f.get('reason'))[:60]}\nnot recovered"))
+    end = next((e for e in reversed(run.events) if e.get("event") == "job_finished"), None)
+    if end is not None and end.get("status") != "completed":
+        x = float(end["time"]) - ser.t0
+        t_last = max(t_last, x)
+        for ax in (ax_loss, ax_tp):
+            ax.axvline(x, color="black", lw=1.5)
+        ax_loss.annotate(f"job ended:\n{end.get('status')} (exit {end.get('exit_code')})", xy=(x, 0.3), xycoords=("data", "axes fraction"),
+                         xytext=(-4, 0), textcoords="offset points", ha="right", va="top", fontsize=8.5,
+                         bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="black", alpha=0.9))
+    ax_loss.set_xlim(-0.02 * max(t_last, 1e-3), 1.03 * max(t_last, 1e-3))
+    for x, label in unrecovered:  # labels on the side of the line where there is room
+        right = x > 0.6 * t_last
+        ax_loss.annotate(label, xy=(x, 0.62), xycoords=("data", "axes fraction"), xytext=(-4 if right else 4, 0), textcoords="offset points",
+                         ha="right" if right else "left", va="top", fontsize=8.5, color="#a00000",
+                         bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#d62728", alpha=0.9))
+    slow_drawn = False
+    for inc in incidents(run.events):
+        if inc.kind == "straggler":
+            end = inc.t_end if inc.t_end is not None else ser.t0 + (ser.t[-1] if ser.t else 0.0)
+            ax_tp.axvspan(inc.t - ser.t0, end - ser.t0, color="#bcbd22", alpha=0.25, lw=0, label=None if slow_drawn else "straggler reported")
+            slow_drawn = True
+        else:
+            ax_tp.axvline(inc.t - ser.t0, color="#9467bd", ls=":", lw=1.2)
+            ax_tp.annotate(inc.kind.replace("_", " "), xy=(inc.t - ser.t0, 0.97), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=8, color="#9467bd")
     handles = ax_loss.get_legend_handles_labels()[0]
+    if not ser.t:
+        ax_loss.text(0.5, 0.5, "no training step was reported", ha="center", va="center", transform=ax_loss.transAxes, fontsize=11)
     if recs:
         handles.append(Line2D([], [], color="#d62728", ls="--", lw=1.2, label="failure (fault injected or detected)"))
-    ax_loss.legend(handles=handles, loc="upper right", fontsize=9, framealpha=0.9)
-    ax_tp.legend(loc="best", fontsize=9, framealpha=0.9)
+    if handles:
+        ax_loss.legend(handles=handles, loc="upper right", fontsize=9, framealpha=0.9)
+    if ax_tp.get_legend_handles_labels()[0]:
+        ax_tp.legend(loc="best", fontsize=9, framealpha=0.9)
 
     # ---- zoomed recovery timelines
     if ax_rec is not None:
         _recovery_gantt(ax_rec, recs)
     fig.suptitle(_title(run), fontsize=12, x=0.01, ha="left")
-    fig.text(0.01, 0.935, _subtitle(run), fontsize=9.5, ha="left", color="#444444")
+    fig.text(0.01, 0.945, _subtitle(run), fontsize=9.5, ha="left", va="top", color="#444444", linespacing=1.5)
     bottom = 0.06
     if recs:
         fig.legend(
@@ -305,7 +374,8 @@ def run_chart(run: Run, out_png: str) -> str:
             loc="lower center", ncol=2, fontsize=9, frameon=False, title="recovery phases (shaded on the time axes above)", title_fontsize=9,
         )
         bottom = 0.15
-    fig.subplots_adjust(left=0.07, right=0.92, top=0.9 if recs else 0.87, bottom=bottom if recs else 0.09)
+    top = (0.9 if recs else 0.87) - (0.02 if run.overrides else 0.0)
+    fig.subplots_adjust(left=0.07, right=0.92, top=top, bottom=bottom if recs else 0.09)
     _save(fig, out_png)
     plt.close(fig)
     return out_png
@@ -338,7 +408,8 @@ def _short_cause(r: RecoveryView) -> str:
     if r.fault is not None:
         f = r.fault
         who = f"node slot {f.get('node')}" if f.get("kind") == "kill_node" else f"rank {f.get('rank')}"
-        return f"{f.get('kind')} {who} @ step {f.get('step')}"
+        at = f.get("at") or "step"
+        return f"{f.get('kind')} {who} @ step {f.get('step')}" + ("" if at == "step" else f" ({at})")
     return f"ranks {r.failed_ranks} failed"
 
 
@@ -359,52 +430,88 @@ def _subtitle(run: Run) -> str:
         parts.append(f"{len(qs)} requeue(s), {sum(q.t_restart - q.t_end for q in qs):.1f} s off")
     if s is not None:
         parts += [f"goodput {100 * s['goodput']:.2f}%", f"{s['wall_s']:.2f} s training after {s['startup_s']:.2f} s start-up", f"world size {s['world_size']}"]
+    text = "   |   ".join(parts)
     if run.overrides:
-        parts.append(" ".join(run.overrides))
-    return "   |   ".join(parts)
+        ov = " ".join(run.overrides)
+        text += "\noverrides: " + (ov if len(ov) <= 170 else ov[:167] + "...")
+    return text
 
 
 def sweep_chart(runs: Sequence[Run], out_png: str) -> str:
-    """Several runs side by side: loss over training time, and each run's downtime by phase."""
+    """Several runs side by side: downtime by phase, goodput, and loss by step."""
     plt = _plt()
     from matplotlib.patches import Patch
 
     labels = varying_overrides(runs)
-    fig, (ax_l, ax_d) = plt.subplots(1, 2, figsize=(14, 4.5 + 0.35 * len(runs)), dpi=110, gridspec_kw=dict(width_ratios=[1.4, 1]))
-    cmap = plt.get_cmap("tab10")
-    for i, (run, label) in enumerate(zip(runs, labels)):
-        ser = step_series(run.events)
-        color = cmap(i % 10)
-        for k, seg in enumerate(ser.segments()):
-            ax_l.plot(seg.t, moving_average(seg.loss, max(1, len(ser.loss) // 40)), color=color, lw=1.6, label=label if k == 0 else None)
-        for r in recoveries(run):
-            ax_l.axvline(r.t_fail - ser.t0, color=color, ls="--", lw=1)
-    ax_l.set_xlabel("training time (s); dashed: failures")
-    ax_l.set_ylabel("training loss (moving average)")
-    ax_l.grid(alpha=0.3)
-    ax_l.legend(fontsize=8.5)
-    ys = list(range(len(runs)))[::-1]
+    ids = [f"#{i + 1}" for i in range(len(runs))]
+    n = len(runs)
+    key_lines = [f"{i}  {_clip(label, 150)}   ({run.path})" for i, label, run in zip(ids, labels, runs)]
+    fig_h = 4.6 + 0.32 * n + 0.2 * n
+    fig = plt.figure(figsize=(15, fig_h), dpi=110)
+    gs = fig.add_gridspec(1, 3, width_ratios=[1.25, 0.8, 1.45], wspace=0.35)
+    ax_d, ax_g, ax_l = (fig.add_subplot(gs[i]) for i in range(3))
+    ys = list(range(n))[::-1]
+
+    # downtime by phase
+    downs = []
     for y, run in zip(ys, runs):
         left = 0.0
         for ph in PHASES:
             v = 1e3 * sum(getattr(r, f"{ph}_s") for r in recoveries(run))
             ax_d.barh(y, v, left=left, color=PHASE_COLORS[ph], height=0.6)
             left += v
-        s = run.summary or {}
-        gp = f"goodput {100 * s['goodput']:.1f}%" if s.get("goodput") is not None else "running"
-        ax_d.text(left, y, f"  {left:.0f} ms, {gp}", va="center", fontsize=8.5)
+        downs.append(left)
+        nrec = len(recoveries(run))
+        ax_d.text(left, y, f"  {left:.0f} ms ({nrec} recover{'y' if nrec == 1 else 'ies'})", va="center", fontsize=8.5)
+    ax_d.set_xlim(0, max(downs + [1.0]) * 1.7)
     ax_d.set_yticks(ys)
-    ax_d.set_yticklabels(labels, fontsize=8.5)
-    ax_d.set_xlabel("total downtime (ms), by recovery phase")
-    xmax = max([sum(r.downtime_s for r in recoveries(run)) for run in runs] + [1e-3]) * 1e3
-    ax_d.set_xlim(0, xmax * 1.6)
+    ax_d.set_yticklabels(ids)
+    ax_d.set_xlabel("downtime (ms, all recoveries), by phase")
     ax_d.grid(axis="x", alpha=0.3)
-    ax_d.legend(handles=[Patch(color=PHASE_COLORS[p], label=p) for p in PHASES], fontsize=8.5, loc="lower right")
-    fig.suptitle(f"ckptless_hpc sweep: {len(runs)} runs", x=0.01, ha="left")
-    fig.tight_layout()
+    ax_d.legend(handles=[Patch(color=PHASE_COLORS[p], label=p) for p in PHASES], fontsize=8, loc="lower right")
+
+    # goodput
+    for y, run in zip(ys, runs):
+        s = run.summary or {}
+        gp = s.get("goodput")
+        status = s.get("status", "running?")
+        ok = status == "completed"
+        ax_g.barh(y, 100 * (gp or 0.0), color="#4c72b0" if ok else "#c44e52", height=0.6)
+        ax_g.text(100 * (gp or 0.0), y, f" {100 * gp:.1f}%" if gp is not None else " -", va="center", fontsize=8.5)
+        if not ok:
+            ax_g.text(2, y, status, va="center", fontsize=8, color="white", weight="bold")
+    ax_g.set_xlim(0, 118)
+    ax_g.set_yticks(ys)
+    ax_g.set_yticklabels(ids)
+    ax_g.set_xlabel("goodput (% of wall time in productive steps)")
+    ax_g.grid(axis="x", alpha=0.3)
+
+    # loss by step
+    cmap = plt.get_cmap("tab10")
+    for i, (run, rid) in enumerate(zip(runs, ids)):
+        ser = step_series(run.events)
+        for k, seg in enumerate(ser.segments()):
+            ax_l.plot(seg.step, moving_average(seg.loss, max(1, len(ser.loss) // 40)), color=cmap(i % 10), lw=1.4, alpha=0.85, label=rid if k == 0 else None)
+        for r in recoveries(run):
+            if r.target_step is not None:
+                ax_l.axvline(r.target_step, color=cmap(i % 10), ls="--", lw=0.9)
+    ax_l.set_xlabel("step (dashed: where a recovery resumed)")
+    ax_l.set_ylabel("training loss (moving average)")
+    ax_l.grid(alpha=0.3)
+    ax_l.legend(fontsize=8, ncol=2)
+    ax_l.set_title("loss by step (runs of one config overlap exactly)", fontsize=9, loc="left")
+
+    fig.suptitle(f"ckptless_hpc: {n} runs compared", x=0.01, ha="left", fontsize=12)
+    bottom = (0.55 + 0.2 * n) / fig_h
+    fig.text(0.01, bottom - 0.1 / fig_h, "\n".join(key_lines), fontsize=8.5, va="top", ha="left", family="monospace", linespacing=1.4)
+    fig.subplots_adjust(left=0.04, right=0.98, top=1 - 0.6 / fig_h, bottom=bottom + 0.55 / fig_h)
     _save(fig, out_png)
     plt.close(fig)
     return out_png
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _save(fig: Any, out_png: str) -> None:

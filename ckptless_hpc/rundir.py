@@ -341,10 +341,44 @@ class RecoveryView:
 
     def cause(self) -> str:
         if self.fault is not None:
-            f = self.fault
-            what = f"node {f.get('node')}" if f.get("kind") == "kill_node" else f"rank {f.get('rank')}"
-            return f"{f.get('kind')} of {what} at step {f.get('step')} (injected)"
+            return fault_text(self.fault) + " (injected)"
         return "; ".join(sorted(set(self.reasons))) or "failure"
+
+
+def fault_text(f: Event) -> str:
+    """'kill_worker of rank 1 at step 20' from a fault_injected event."""
+    kind = f.get("kind")
+    who = f"node {f.get('node')}" if kind == "kill_node" else "a waiting spare" if kind == "kill_spare" else f"rank {f.get('rank')}"
+    at = f.get("at") or "step"
+    return f"{kind} of {who} " + (f"at step {f.get('step')}" if at == "step" else f"during {at} (step {f.get('step')})")
+
+
+@dataclass
+class Incident:
+    """Something worth a line that is not a recovery: a straggler, a spare lost, a bad transfer."""
+
+    t: float
+    t_end: Optional[float]
+    kind: str  # straggler | spare_failed | transfer_error
+    text: str
+
+
+def incidents(events: Sequence[Event]) -> List[Incident]:
+    out: List[Incident] = []
+    open_slow: Dict[Any, Incident] = {}
+    for e in events:
+        kind, t = e.get("event"), float(e.get("time", 0.0))
+        if kind == "straggler":
+            inc = Incident(t, None, "straggler", f"rank {e.get('rank')} ({e.get('worker')}) {e.get('ratio')}x slower than the typical rank")
+            open_slow[e.get("rank")] = inc
+            out.append(inc)
+        elif kind == "straggler_recovered" and e.get("rank") in open_slow:
+            open_slow.pop(e.get("rank")).t_end = t
+        elif kind == "failure_detected" and e.get("role") == "spare":
+            out.append(Incident(t, None, "spare_failed", f"hot spare {e.get('worker')} on {e.get('node')} failed ({e.get('reason')}): its node is excluded"))
+        elif kind == "transfer_error":
+            out.append(Incident(t, None, "transfer_error", f"state transfer to {e.get('worker')} from {e.get('source')} failed and was retried: {e.get('error')}"))
+    return out
 
 
 PHASES = ("detect", "reconfigure", "transfer", "resume")
@@ -433,14 +467,17 @@ def _fault_before(events: Sequence[Event], t_detect: float, t_from: float) -> Op
 
 
 def _add_lost_steps(events: Sequence[Event], views: List[RecoveryView]) -> None:
-    """Per recovery: committed steps rolled back, and the step numbers trained twice."""
-    steps = [e for e in events if e.get("event") == "step"]
+    """Per recovery: committed steps rolled back, and the step numbers trained twice.
+
+    The steps reported before the failure are those of earlier generations (event arrival
+    order between ranks is not reliable at the millisecond).
+    """
+    steps = [e for e in events if e.get("event") == "step" and isinstance(e.get("gen"), int)]
     for v in views:
-        before = [int(e["step"]) for e in steps if float(e["time"]) <= v.t_fail]
-        last = max(before, default=0)
+        last = max([int(e["step"]) for e in steps if e["gen"] < v.gen], default=0)
         target = v.target_step if v.target_step is not None else last
         v.rolled_back = max(0, last - target)
-        v.redone_steps = list(range(target + 1, last + 2))  # rolled-back steps + the in-flight one
+        v.redone_steps = list(range(target + 1, max(last, target) + 2))  # rolled-back steps + the in-flight one
 
 
 # ------------------------------------------------------------------------------ series
@@ -476,7 +513,7 @@ def step_series(events: Sequence[Event]) -> Series:
             if e.get("event") == "step":
                 steps.append(e)
                 attempt.append(k)
-    t0 = float(start["time"]) if start else (float(steps[0]["time"]) if steps else 0.0)
+    t0 = float(start["time"]) if start else (float(steps[0]["time"]) if steps else float(events[0]["time"]) if events else 0.0)
     return Series(
         t0,
         [float(e["time"]) - t0 for e in steps],

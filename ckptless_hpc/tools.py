@@ -151,14 +151,15 @@ class Coordinator:
 def find_coordinator(run: Run, procs: LocalProcs, hostname: str) -> Coordinator:
     """The local run's coordinator process, verified so that a reused PID is never taken for it.
 
-    Prefers the ``pid`` (and ``host``) of the ``job_started`` event; else the parent of a live
-    worker of this job (a worker's command line names its coordinator's address).
+    Prefers the ``coordinator_pid`` (and ``host``, when recorded) of the ``job_started`` event;
+    else the parent of a live worker of this job (a worker's command line names its
+    coordinator's address). A PID whose command line does not mention ckptless is not taken.
     """
     started = run.started
     host = started.get("host")
     if host and host != hostname:
         return Coordinator(started.get("pid"), None, f"runs on host {host}, not here ({hostname})")
-    pid = started.get("pid")
+    pid = started.get("coordinator_pid", started.get("pid"))
     if isinstance(pid, int):
         alive = procs.alive(pid) and _looks_like_coordinator(procs.cmdline(pid))
         return Coordinator(pid, alive, "pid recorded in events.jsonl")
@@ -212,7 +213,7 @@ def _live_phase(prog: Progress) -> str:
     return {"training": "running", "starting": "starting", "recovering": "recovering"}.get(prog.phase, "running")
 
 
-def log_sources(run: Run, rank: Optional[int], worker: Optional[str], gen: Optional[int]) -> List[Tuple[str, str]]:
+def log_sources(run: Run, rank: Optional[int], worker: Optional[str], gen: Optional[int], waiting: bool = False) -> List[Tuple[str, str]]:
     """[(label, path)] of the logs to show: the coordinator's, then the chosen worker(s)' logs.
 
     Default: every worker that held rank 0. ``rank``: every worker that held that rank (a
@@ -226,6 +227,8 @@ def log_sources(run: Run, rank: Optional[int], worker: Optional[str], gen: Optio
             raise UsageError(f"worker {worker!r} is not part of run {run.path} (its workers: {', '.join(known) or 'none yet'}). HINT: pass one of those, or --rank R")
         return srcs + [(worker, run.log_path(worker))]
     r = 0 if rank is None else rank
+    if not hist and waiting:  # --follow of a job still starting: the coordinator's log until ranks exist
+        return srcs
     if not hist:
         raise UsageError(f"run {run.path} has not assigned ranks yet (no generation started). HINT: wait for the start, or pass --worker NODE.I (logs/ lists them)")
     if r not in hist:
@@ -350,9 +353,9 @@ def _f4(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.4f}"
 
 
-def cmd_logs(args: argparse.Namespace, out: TextIO) -> int:
+def cmd_logs(args: argparse.Namespace, out: TextIO, procs: LocalProcs) -> int:
     run = _load_all([args.run_dir])[0]
-    srcs = log_sources(run, args.rank, args.worker, args.gen)
+    srcs = log_sources(run, args.rank, args.worker, args.gen, waiting=args.follow)
     texts = [(label, _read(path)) for label, path in srcs]
     lines = merge_logs(texts)
     if args.tail is not None:
@@ -364,18 +367,21 @@ def cmd_logs(args: argparse.Namespace, out: TextIO) -> int:
         print(f"(no file yet: {', '.join(missing)})", file=out)
     if not args.follow:
         return EXIT_OK
-    return _follow(run.path, args, {p: len(t.encode()) for (_, p), (_, t) in zip(srcs, texts)}, out)
+    return _follow(run.path, args, {p: len(t.encode()) for (_, p), (_, t) in zip(srcs, texts)}, out, procs)
 
 
-def _follow(path: str, args: argparse.Namespace, offsets: Dict[str, int], out: TextIO, sleep: Callable[[float], None] = time.sleep) -> int:
+def _follow(path: str, args: argparse.Namespace, offsets: Dict[str, int], out: TextIO, procs: LocalProcs, sleep: Callable[[float], None] = time.sleep) -> int:
     """Print what the logs gain, every FOLLOW_POLL_S, until the job ends (or Ctrl-C).
 
     Follows the rank across recoveries: a spare promoted to it is picked up from its events.
+    A local job whose coordinator is gone without a summary ends the following too.
     """
+    polls = 0
     try:
         while True:
+            polls += 1
             run = load_run(path)
-            srcs = log_sources(run, args.rank, args.worker, None)
+            srcs = log_sources(run, args.rank, args.worker, None, waiting=True)
             fresh = []
             for label, p in srcs:
                 text, offsets[p] = _read_from(p, offsets.get(p, 0))
@@ -387,6 +393,11 @@ def _follow(path: str, args: argparse.Namespace, offsets: Dict[str, int], out: T
                 if not fresh:
                     return EXIT_OK
                 continue
+            if polls % 4 == 0 and not fresh and slurm_job_id(run) is None and run.events:
+                coord = find_coordinator(run, procs, socket.gethostname())
+                if coord.alive is False:
+                    print(f"(the job ended without a summary: {coord.how})", file=out, flush=True)
+                    return EXIT_OK
             sleep(FOLLOW_POLL_S)
     except KeyboardInterrupt:
         return EXIT_OK
@@ -436,7 +447,9 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO, procs: LocalProcs, queue: 
         if not stopped:
             print(f"{run.path}: coordinator pid {coord.pid} still alive {args.timeout_s:.0f} s after SIGTERM. HINT: {PROG} cancel --force {run.path} (SIGKILL)", file=out)
             return EXIT_FAILED
-        print(f"{run.path}: coordinator pid {coord.pid} stopped ({'SIGKILL' if args.force else 'SIGTERM'})", file=out)
+        after = load_run(run.path).summary
+        ended = f"; summary.json: {after['status']} (exit {after['exit_code']})" if after else "; it wrote no summary.json"
+        print(f"{run.path}: coordinator pid {coord.pid} stopped ({'SIGKILL' if args.force else 'SIGTERM'}){ended}", file=out)
     # workers end when their coordinator goes; a stopped (hung) one cannot notice: end it
     left = live_workers(run, procs)
     if left and not _wait_gone(procs, list(left.values()), min(args.timeout_s, 5.0), sleep):
@@ -523,7 +536,7 @@ def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout, procs: 
         if args.command == "logs":
             if args.gen is not None and args.rank is None and args.worker is None:
                 args.rank = 0
-            return cmd_logs(args, out)
+            return cmd_logs(args, out, procs)
         return cmd_cancel(args, out, procs, queue)
     except UsageError as e:
         print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
