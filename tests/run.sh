@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # the CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build
 "$PY" -m pip install -q torch==2.13.0
-"$PY" -m pip install -q -e '.[test]'
+"$PY" -m pip install -q -e '.[test,examples]'
+export CKPTLESS_REQUIRE_EXAMPLES=${CKPTLESS_REQUIRE_EXAMPLES:-1}
 if [ "$(id -u)" = 0 ]; then
   export CKPTLESS_REQUIRE_SLURM=${CKPTLESS_REQUIRE_SLURM:-1}
   bash tests/slurm_cluster/up.sh 4

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set
@@ -32,6 +33,7 @@ EXIT_FAILED = 1
 EXIT_NO_SPARE = 3
 EXIT_STARTUP = 4
 EXIT_REQUEUED = 5
+EXIT_CANCELLED = 6
 
 
 @dataclass
@@ -92,6 +94,7 @@ class Coordinator:
         self.reform_requested = False
         self.saved: Optional[Dict[str, Any]] = None
         self.save_requested: Optional[str] = None  # preemption / time limit: save once, then requeue
+        self.cancel_requested: Optional[str] = None  # SIGTERM / SIGINT / ckptless-hpc cancel
         self.resume: Optional[Dict[str, Any]] = None  # emergency copy to start from (after a requeue)
         self.summary: Dict[str, Any] = {}
         self.store: Any = None
@@ -257,7 +260,7 @@ class Coordinator:
         self.launcher.kill_worker(rec.wid)
         self._emit("failure_detected", rec, reason=reason, role=was)
         log.warning("worker %s (node %s, rank %s, %s) failed: %s", rec.wid, rec.node, rec.rank, was, reason)
-        if self._t_train is None:
+        if self._t_train is None and was == "active":
             self.fatal = self.fatal or f"worker {rec.wid} on node {rec.node} died during start-up: {reason}\n{self._log_tail(rec.wid)}"
         elif was == "active":
             self.pending[rec.wid] = (reason, self.clock())
@@ -295,7 +298,9 @@ class Coordinator:
         c = self.cfg.cluster
         while not self.stopping:
             await asyncio.sleep(c.heartbeat_interval_s)
-            live = [w for w in self.workers.values() if w.role != "dead" and w.last_seen is not None]
+            # still building (importing torch, building the model on a loaded machine): its
+            # process exit is watched; silence is judged once it is built
+            live = [w for w in self.workers.values() if w.role != "dead" and w.last_seen is not None and w.built]
             seen = {w.wid: w.last_seen for w in live}
             for wid, reason in silent_workers(self.clock(), seen, seen.keys(), c.heartbeat_timeout_s):
                 self._lost(self.workers[wid], reason)
@@ -346,7 +351,7 @@ class Coordinator:
         self.host = protocol.resolve_host(c.bind_host)
         server = await asyncio.start_server(self._handle, host=self.host, port=0)
         self.address = f"{self.host}:{server.sockets[0].getsockname()[1]}"
-        self._emit("job_started", address=self.address, coordinator_pid=os.getpid(), world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
+        self._emit("job_started", address=self.address, coordinator_pid=os.getpid(), host=socket.gethostname(), world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
         log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
         active, spare = self.launcher.initial_nodes(self.bad_nodes)
         for name in active:
@@ -382,8 +387,11 @@ class Coordinator:
         self._emit("generation_started", world=self.world, step=step0, resumed_from=self.resume, ranks={str(r): w for r, w in self.ranks.items()})
         while True:
             await self._until(
-                lambda: bool(self.pending) or self.reform_requested or self.fatal is not None or self._all_done() or bool(self.save_requested), None
+                lambda: bool(self.pending or self.save_requested or self.cancel_requested) or self.reform_requested or self.fatal is not None or self._all_done(),
+                None,
             )
+            if self.cancel_requested:
+                return self._finish(EXIT_CANCELLED, "cancelled", self.cancel_requested)
             if self.fatal:
                 return self._finish(EXIT_FAILED, "failed", self.fatal)
             if self.save_requested and not self._all_done():
@@ -480,7 +488,9 @@ class Coordinator:
         rec.survivors_restarted = sum(1 for w, m in g.held.items() if w in g.ready and g.ready[w].get("pid") != m.get("pid"))
         self.recoveries.append(rec)
         self.resuming = rec
-        self._emit("reformed", step=plan.target_step, world=self.world, replacements=rec.replacements, bytes=rec.bytes_transferred)
+        self._emit(
+            "reformed", step=plan.target_step, world=self.world, replacements=rec.replacements, bytes=rec.bytes_transferred, ranks={str(r): w for r, w in self.ranks.items()}
+        )
         if c.refill_spares:
             for _ in plan.promoted:
                 asyncio.ensure_future(self._refill())
@@ -551,6 +561,11 @@ class Coordinator:
             self._notify()
 
         self._loop.call_soon_threadsafe(apply)
+
+    def request_cancel(self, reason: str) -> None:
+        """Stop the job (every worker), write the summary; from the loop's thread (a signal handler)."""
+        self.cancel_requested = reason
+        self._notify()
 
     def _persist(self) -> None:
         """What a requeued job needs: the emergency copy, nodes never to use again, faults fired."""

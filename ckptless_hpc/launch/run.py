@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 import uuid
 from typing import Any, Dict
@@ -38,7 +39,14 @@ def run_local(cfg: Any, run_dir: str) -> int:
     secret = new_secret()
     launcher = LocalLauncher.from_config(cfg, run_dir, secret)
     coord = Coordinator(cfg, run_dir, launcher, secret, job_id)
-    code = asyncio.run(coord.run())
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, coord.request_cancel, f"cancelled by {signal.Signals(sig).name}")
+        return await coord.run()
+
+    code = asyncio.run(main())
     print(human_summary(coord.summary))
     return code
 
