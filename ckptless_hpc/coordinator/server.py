@@ -161,7 +161,7 @@ class Coordinator:
             self.launcher.register(wid, hello)
             self._emit("worker_connected", rec, pid=rec.pid, slurm_step=hello.get("slurm_step"))
             await self._store_ready.wait()
-            self._send(rec, {"type": "config", "worker_id": wid, "job": self.job_id, "config": OmegaConf.to_container(self.cfg, resolve=True), "store": self.store_addr})
+            self._send(rec, {"type": "config", "worker_id": wid, "job": self.job_id, "config": OmegaConf.to_container(self.cfg, resolve=True), "store": self.store_addr, "run_dir": self.run_dir})
             for queued in rec.outbox:
                 self._send(rec, queued)
             rec.outbox.clear()
@@ -361,6 +361,7 @@ class Coordinator:
         self.active_nodes = set(active)
         await loop.run_in_executor(None, self._make_store)
         self._store_ready.set()
+        self._persist()
         watch = asyncio.ensure_future(self._heartbeat_watch())
         try:
             code = await self._main()
@@ -569,7 +570,7 @@ class Coordinator:
 
     def _persist(self) -> None:
         """What a requeued job needs: the emergency copy, nodes never to use again, faults fired."""
-        state = {"saved": self.saved, "excluded_nodes": sorted(self.bad_nodes), "faults_done": sorted(self.faults_done)}
+        state = {"saved": self.saved or self.resume, "excluded_nodes": sorted(self.bad_nodes), "faults_done": sorted(self.faults_done), "batch_node": self.launcher.batch_node}
         tmp = os.path.join(self.run_dir, "restart.json.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(state, f, indent=2)

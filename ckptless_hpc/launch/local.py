@@ -25,6 +25,7 @@ class LocalLauncher:
         self._waiters: List["asyncio.Task[None]"] = []
         self._next = nodes + spare_nodes
         self.refills = 0
+        self.batch_node: Optional[str] = None  # the coordinator runs in this process, on no node
         os.makedirs(log_dir, exist_ok=True)
 
     @classmethod

@@ -187,6 +187,7 @@ class SlurmLauncher:
         self._excluded: set = set()
         self._waiters: List["asyncio.Task[None]"] = []
         self.requeue_by_submitit = False
+        self.batch_node = env.nodename  # the coordinator's node (the batch host)
         self.requeues = env.restart_count
 
     def initial_nodes(self, excluded: Any = ()) -> Tuple[List[str], List[str]]:

@@ -14,6 +14,7 @@ a function of the step, and the intra-op thread count is fixed by ``train.thread
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -78,6 +79,8 @@ class Worker:
         self._abandoned: List[Any] = []
         self._wake = threading.Event()
         self._stopping = False
+        self._orphaned: Optional[str] = None  # the coordinator is gone (Slurm: save and requeue)
+        self.run_dir: Optional[str] = None
         self.compute_s: Optional[float] = None  # forward+backward time of the last step (straggler detection)
 
     # ------------------------------------------------------------------ set-up
@@ -93,6 +96,7 @@ class Worker:
             log.error("expected the config from the coordinator, got %r", msg)
             exit_now(EXIT_STARTUP_ERROR)
         self.worker_id = msg["worker_id"]
+        self.run_dir = msg.get("run_dir")
         self.ctx["job"] = msg.get("job", "-")
         # heartbeats start before the (possibly slow) build so that building is not silence
         self.client.heartbeat_fields = lambda: {"gen": self.gen, "step": self.step, "training": self.training, "compute_s": self.compute_s}
@@ -152,14 +156,67 @@ class Worker:
     def _on_lost(self, why: str) -> None:
         if self._stopping:
             exit_now(0)
+        if self._orphaned:
+            return
+        from ..slurm.env import SlurmEnvironment
+
+        if SlurmEnvironment().job_id and self.run_dir and self.step is not None and self.rank is not None:
+            # Slurm keeps a --no-kill job running after its batch host died: stop training at a
+            # committed step, and let one worker save the state and requeue the job
+            log.error("lost the coordinator (%s): writing the last-resort copy, then requeueing", why)
+            self._orphaned = why
+            self._wake.set()
+            self.client.inbox.put({"type": "_orphaned"})
+            return
         log.error("lost the coordinator (%s); exiting: a worker never outlives its coordinator", why)
+        exit_now(EXIT_COORDINATOR_LOST)
+
+    def _last_resort(self) -> None:
+        """Coordinator gone on Slurm: the first worker to claim the lock saves its committed state
+        once, records it for the restart, and requeues the job; every worker then exits."""
+        from ..slurm import commands
+        from ..slurm.env import SlurmEnvironment
+
+        env = SlurmEnvironment()
+        state_dir = os.path.join(self.run_dir, "state")
+        os.makedirs(state_dir, exist_ok=True)
+        try:
+            fd = os.open(os.path.join(state_dir, f"last-resort-{env.restart_count}.lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            log.info("another worker writes the last-resort copy")
+            exit_now(EXIT_COORDINATOR_LOST)
+        os.write(fd, f"{self.node} {os.getpid()}\n".encode())
+        os.close(fd)
+        saved = self._save(os.path.join(state_dir, "emergency.pt"))
+        restart_path = os.path.join(self.run_dir, "restart.json")
+        try:
+            with open(restart_path, encoding="utf-8") as f:
+                restart = json.load(f)
+        except (OSError, ValueError):
+            restart = {}
+        restart["saved"] = saved
+        restart["excluded_nodes"] = sorted(set(restart.get("excluded_nodes", [])) | set(filter(None, [restart.get("batch_node")])))
+        restart["faults_done"] = sorted(set(restart.get("faults_done", [])) | self.faults_done)
+        with open(restart_path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(restart, f, indent=2)
+        os.replace(restart_path + ".tmp", restart_path)
+        if env.restart_count >= self.cfg.cluster.max_requeues:
+            log.error("not requeueing: already requeued %d time(s) (cluster.max_requeues)", env.restart_count)
+        else:
+            try:
+                commands.requeue(env.require_job_id())
+                log.warning("job %s requeued; it resumes from step %d", env.job_id, saved["step"])
+            except commands.SlurmCommandError as e:
+                log.error("requeue failed: %s", e)
         exit_now(EXIT_COORDINATOR_LOST)
 
     def serve_forever(self) -> None:
         while True:
             msg = self.client.next_message()
             kind = msg["type"]
-            if kind == "assign":
+            if kind == "_orphaned":
+                self._last_resort()
+            elif kind == "assign":
                 self._on_assign(msg)
             elif kind == "abort":
                 fault = self._due("recovery", self.step)
@@ -193,7 +250,7 @@ class Worker:
         while True:
             if done():
                 return "done"
-            if self.abort_gen > gen or self._stopping:
+            if self.abort_gen > gen or self._stopping or self._orphaned:
                 return "abort"
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -327,7 +384,7 @@ class Worker:
         self.training = True
         try:
             while self.step < steps:
-                if self.abort_gen > gen or self._stopping:
+                if self.abort_gen > gen or self._stopping or self._orphaned:
                     self._abandon_group()
                     return
                 self._one_step(gen)
@@ -393,15 +450,19 @@ class Worker:
             )
 
     # ------------------------------------------------------------------ stop
+    def _save(self, path: str) -> Dict[str, Any]:
+        """Write the committed state once (the only time state touches storage)."""
+        entries, meta = collect_state(self.model, self.optimizer, self.task, self.step)
+        tmp = path + ".tmp"
+        torch.save({"meta": meta, "entries": {n: t.detach().cpu() for n, t in entries}}, tmp)
+        os.replace(tmp, path)
+        log.info("state of step %d written to %s", self.step, path)
+        return {"path": path, "step": self.step, "sha256": state_sha256(entries, meta)}
+
     def _on_stop(self, msg: Dict[str, Any]) -> None:
         path = msg.get("save")
         if path and self.step is not None:
-            entries, meta = collect_state(self.model, self.optimizer, self.task, self.step)
-            tmp = path + ".tmp"
-            torch.save({"meta": meta, "entries": {n: t.detach().cpu() for n, t in entries}}, tmp)
-            os.replace(tmp, path)
-            self.client.send({"type": "saved", "path": path, "step": self.step, "sha256": state_sha256(entries, meta)})
-            log.info("state of step %d written to %s", self.step, path)
+            self.client.send({"type": "saved", **self._save(path)})
         time.sleep(0.05)
         exit_now(0)
 

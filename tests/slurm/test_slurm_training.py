@@ -160,3 +160,20 @@ def test_sweep_submits_one_job_per_point(slurm_env, tmp_path):
         assert s["status"] == "completed", s
         hashes.add(s["final_state_sha256"])
     assert len(hashes) == 2  # two learning rates, two different final states
+
+
+def test_batch_host_lost_workers_save_and_requeue(slurm_env, tmp_path, baseline, slurm_cluster):
+    """The coordinator's node crashes; Slurm keeps the --no-kill job running headless. A surviving
+    worker writes the last-resort copy and requeues; the restarted job resumes from it."""
+    job = _submit(tmp_path, *LM)
+    _past_step(tmp_path, 40)
+    batch_host = subprocess.run(["squeue", "-h", "-j", job, "-o", "%B"], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        slurm_cluster.crash_node(batch_host)
+        restarted = _event(tmp_path, lambda e: e["event"] == "generation_started" and e.get("resumed_from"), "the requeued run", within_s=240)
+    finally:
+        slurm_cluster.start_node(batch_host)
+    assert restarted["resumed_from"]["step"] >= 40  # saved by a rank, not by a waiting spare
+    assert all(not w.startswith(batch_host + ".") for w in restarted["ranks"].values())  # excluded
+    s = _finished(job, tmp_path, within_s=240)
+    assert s["status"] == "completed" and s["final_state_sha256"] == baseline(*LM)
