@@ -177,3 +177,24 @@ def test_batch_host_lost_workers_save_and_requeue(slurm_env, tmp_path, baseline,
     assert all(not w.startswith(batch_host + ".") for w in restarted["ranks"].values())  # excluded
     s = _finished(job, tmp_path, within_s=240)
     assert s["status"] == "completed" and s["final_state_sha256"] == baseline(*LM)
+
+
+def test_no_spare_left_saves_requeues_and_resumes_without_the_bad_node(slurm_env, tmp_path, baseline):
+    """Allocation of 2 nodes, no spare: a killed worker leaves nothing to promote. The state is
+    saved once, the failed node is drained (so Slurm gives the restarted job another node) and
+    the job requeues; the restarted job resumes from the copy and never uses the bad node."""
+    cfg = ("task=lm", "train.steps=200")
+    job = _submit(tmp_path, *cfg, "cluster.spare_nodes=0", "cluster.drain_failed_nodes=true", "fault=kill_worker", "fault.rank=1", "fault.step=30")
+    bad = None
+    try:
+        saved = _event(tmp_path, lambda e: e["event"] == "emergency_save", "the emergency copy")
+        bad = _event(tmp_path, lambda e: e["event"] == "node_excluded", "the excluded node")["node"]
+        assert saved["saved"]["step"] in (29, 30)
+        restarted = _event(tmp_path, lambda e: e["event"] == "generation_started" and e.get("resumed_from"), "the requeued run", within_s=240)
+        assert all(not w.startswith(bad + ".") for w in restarted["ranks"].values())
+        s = _finished(job, tmp_path, within_s=240)
+    finally:
+        if bad:
+            subprocess.run(["scontrol", "update", f"nodename={bad}", "state=resume"], timeout=20, check=False)
+    assert s["status"] == "completed" and s["final_state_sha256"] == baseline(*cfg)
+    assert s["faults_fired"] == [0]  # the restarted job did not fire the fault again
