@@ -1,0 +1,122 @@
+"""Chaos soak: many randomised fault schedules, each checked against the oracle.
+
+    python -m ckptless_hpc.chaos runs=20 seed=7 [steps=60 nodes=3 workers_per_node=1 task=mlp out=chaos-runs]
+
+Each run injects 1-3 faults (kinds, ranks, steps and moments of the recovery protocol drawn at
+random) into a real local job and must end with the final state's sha256 equal to the
+fault-free run of the same config. Prints one line per schedule and a verdict; exits 1 if any
+run lost or corrupted state (a wrong hash, a failed or stopped job), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+DEFAULTS: Dict[str, Any] = {"runs": 10, "seed": 0, "steps": 60, "nodes": 3, "workers_per_node": 1, "task": "mlp", "out": "chaos-runs", "timeout_s": 300}
+KINDS = ("kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
+
+
+def parse_args(argv: Sequence[str]) -> Dict[str, Any]:
+    opts = dict(DEFAULTS)
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or key not in DEFAULTS:
+            raise ValueError(f"bad argument {arg!r}. HINT: use key=value with a key among {', '.join(f'{k} (default {v})' for k, v in DEFAULTS.items())}")
+        try:
+            opts[key] = type(DEFAULTS[key])(value)
+        except ValueError:
+            raise ValueError(f"{key}={value!r} is not a {type(DEFAULTS[key]).__name__}. HINT: e.g. {key}={DEFAULTS[key]}") from None
+    if opts["runs"] < 1 or opts["steps"] < 30 or opts["nodes"] < 2:
+        raise ValueError(f"runs={opts['runs']}, steps={opts['steps']}, nodes={opts['nodes']}: need runs >= 1, steps >= 30, nodes >= 2. HINT: the defaults work")
+    return opts
+
+
+def random_schedule(rng: random.Random, steps: int, nodes: int, workers_per_node: int) -> List[Dict[str, Any]]:
+    """1-3 faults, survivable by construction: at most one loss at a time and never the last
+    holder of the state, so every schedule must end with the fault-free hash (pure)."""
+    world = nodes * workers_per_node
+    faults: List[Dict[str, Any]] = []
+    slots = sorted(rng.sample(range(5, steps - 10, 5), k=rng.randint(1, 3)))
+    for step in slots:
+        kind = rng.choice(KINDS)
+        f: Dict[str, Any] = {"kind": kind, "step": step}
+        if kind == "kill_node":
+            f["node"] = rng.randrange(nodes)
+        elif kind != "kill_spare":
+            f["rank"] = rng.randrange(world)
+        if kind in ("kill_worker", "hang") and rng.random() < 0.3:
+            f["at"] = rng.choice(("recovery", "send", "receive"))
+        if kind == "slow":
+            f.update(factor=rng.choice((4, 6, 8)), duration=rng.randint(5, 15))
+        faults.append(f)
+    kills = [f for f in faults if f["kind"] in ("kill_worker", "kill_node", "hang") and f.get("at", "step") == "step"]
+    if not kills:  # wire damage, dead spares and faults during a recovery need a recovery to happen
+        faults.append({"kind": "kill_worker", "rank": rng.randrange(world), "step": max(slots) + 5})
+    return faults
+
+
+def schedule_override(faults: List[Dict[str, Any]]) -> str:
+    items = ["{" + ",".join(f"{k}:{v}" for k, v in f.items()) + "}" for f in faults]
+    return "fault.schedule=[" + ",".join(items) + "]"
+
+
+def _run(run_dir: str, overrides: List[str], timeout_s: float) -> Tuple[int, Optional[Dict[str, Any]]]:
+    cmd = [sys.executable, "-m", "ckptless_hpc", f"hydra.run.dir={run_dir}", *overrides]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        rc = -1
+    try:
+        with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
+            return rc, json.load(f)
+    except (OSError, ValueError):
+        return rc, None
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        opts = parse_args(sys.argv[1:] if argv is None else argv)
+    except ValueError as e:
+        print(f"ckptless_hpc.chaos: {e}", file=sys.stderr)
+        return 2
+    rng = random.Random(opts["seed"])
+    kills = 3 * opts["nodes"]  # spare budget: every loss finds a spare (refills included)
+    base = [
+        f"task={opts['task']}", f"train.steps={opts['steps']}", f"cluster.nodes={opts['nodes']}", f"cluster.workers_per_node={opts['workers_per_node']}",
+        "cluster.spare_nodes=2", f"cluster.max_refills={kills}", "cluster.heartbeat_interval_s=0.25", "cluster.heartbeat_timeout_s=1.5",
+    ]
+    out = os.path.abspath(opts["out"])
+    os.makedirs(out, exist_ok=True)
+    rc, ref = _run(os.path.join(out, "baseline"), base + ["fault=none"], opts["timeout_s"])
+    if rc != 0 or not ref:
+        print(f"the fault-free baseline failed (exit {rc}); see {out}/baseline", file=sys.stderr)
+        return 1
+    print(f"baseline sha256 {ref['final_state_sha256'][:16]}  ({opts['task']}, {opts['steps']} steps, {opts['nodes']}x{opts['workers_per_node']} ranks)")
+    print(f"{'run':>4}  {'ok':<4} {'exit':>4} {'fired':>5}  {'recoveries (downtime s)':<28} faults")
+    results = []
+    for i in range(opts["runs"]):
+        faults = random_schedule(rng, opts["steps"], opts["nodes"], opts["workers_per_node"])
+        t0 = time.monotonic()
+        rc, s = _run(os.path.join(out, f"run{i:03d}"), base + ["fault=none", schedule_override(faults)], opts["timeout_s"])
+        ok = rc == 0 and s is not None and s["final_state_sha256"] == ref["final_state_sha256"]
+        downs = [r["downtime_s"] for r in (s or {}).get("recoveries", [])]
+        desc = "; ".join(f"{f['kind']}" + (f" r{f['rank']}" if "rank" in f else "") + (f" n{f['node']}" if "node" in f else "") + f" @{f['step']}" + (f"/{f['at']}" if "at" in f else "") for f in faults)
+        fired = len((s or {}).get("faults_fired", []))
+        print(f"{i:>4}  {'ok' if ok else 'FAIL':<4} {rc:>4} {fired:>2}/{len(faults):<2}  {len(downs)} ({', '.join(f'{d:.2f}' for d in downs)})".ljust(50) + f" {desc}", flush=True)
+        results.append({"run": i, "ok": ok, "exit_code": rc, "faults": faults, "faults_fired": fired, "downtimes_s": downs, "wall_s": round(time.monotonic() - t0, 2), "status": (s or {}).get("status")})
+    failed = [r for r in results if not r["ok"]]
+    with open(os.path.join(out, "chaos.json"), "w", encoding="utf-8") as f:
+        json.dump({"options": opts, "baseline_sha256": ref["final_state_sha256"], "runs": results}, f, indent=2)
+    print(f"{len(results) - len(failed)}/{len(results)} schedules kept the oracle" + (f"; FAILED: {[r['run'] for r in failed]}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ckptless_hpc.chaos import parse_args, random_schedule, schedule_override
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_schedules_are_reproducible_and_always_hold_a_step_kill():
+    a = [random_schedule(random.Random(3), 60, 3, 1) for _ in range(1)]
+    b = [random_schedule(random.Random(3), 60, 3, 1) for _ in range(1)]
+    assert a == b
+    rng = random.Random(0)
+    for _ in range(200):
+        faults = random_schedule(rng, 60, 3, 2)
+        assert 1 <= len(faults) <= 4
+        assert any(f["kind"] in ("kill_worker", "kill_node", "hang") and f.get("at", "step") == "step" for f in faults)
+        for f in faults:
+            assert 0 < f["step"] < 60
+            assert f.get("rank", 0) < 6 and f.get("node", 0) < 3
+
+
+def test_override_is_hydra_list_syntax():
+    assert schedule_override([{"kind": "hang", "rank": 1, "step": 5}]) == "fault.schedule=[{kind:hang,rank:1,step:5}]"
+
+
+def test_bad_arguments_name_the_key():
+    with pytest.raises(ValueError, match="runz"):
+        parse_args(["runz=3"])
+    with pytest.raises(ValueError, match="runs='x'"):
+        parse_args(["runs=x"])
