@@ -26,6 +26,10 @@ def main(cfg: DictConfig) -> int:
         print(f"ckptless_hpc: {e}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     run_dir = HydraConfig.get().runtime.output_dir
+    if cfg.dry_run:
+        from .launch.dryrun import dry_run
+
+        return dry_run(cfg, run_dir)
     if cfg.cluster.backend == "slurm":
         from .launch.slurm import submit
 

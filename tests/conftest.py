@@ -33,9 +33,9 @@ class JobResult:
         return [e for e in self.events if e["event"] == kind]
 
 
-def run_job(run_dir: Path, *overrides: str, timeout_s: float = 240) -> JobResult:
+def run_job(run_dir: Path, *overrides: str, timeout_s: float = 240, env: Dict[str, str] | None = None) -> JobResult:
     cmd = [sys.executable, "-m", "ckptless_hpc", f"hydra.run.dir={run_dir}", *overrides]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=None if env is None else {**os.environ, **env})
     return JobResult(p.returncode, p.stdout + p.stderr, run_dir)
 
 
@@ -59,7 +59,7 @@ def baseline(tmp_path_factory):
 def job(tmp_path):
     counter = iter(range(1000))
 
-    def run(*overrides: str, timeout_s: float = 240) -> JobResult:
-        return run_job(tmp_path / f"run{next(counter)}", *overrides, timeout_s=timeout_s)
+    def run(*overrides: str, timeout_s: float = 240, env: Dict[str, str] | None = None) -> JobResult:
+        return run_job(tmp_path / f"run{next(counter)}", *overrides, timeout_s=timeout_s, env=env)
 
     return run

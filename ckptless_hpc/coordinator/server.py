@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from .. import protocol
 from ..config import fault_list
 from ..metrics import EventLog, Recovery, goodput
+from ..progress import Progress, Snapshot
 from ..faults import faults_from_config, spare_fault_due
 from .detector import silent_workers, stragglers
 from .planner import Spare, initial_ranks, plan_recovery
@@ -100,6 +101,7 @@ class Coordinator:
         self.store: Any = None
         self._waiters: List["asyncio.Future[None]"] = []
         self._t_start = clock()
+        self.progress = Progress(cfg.train.steps, cfg.train.log_every)
         self._t_train: Optional[float] = None
 
     # ------------------------------------------------------------------ helpers
@@ -246,8 +248,30 @@ class Coordinator:
                 "recovered: downtime %.2fs (detect %.2f, reconfigure %.2f, transfer %.2f, resume %.2f)",
                 rep["downtime_s"], rep["detect_s"], rep["reconfigure_s"], rep["transfer_s"], rep["resume_s"],
             )
-        if step % self.cfg.train.log_every == 0 or step == self.cfg.train.steps:
-            log.info("step %d/%d loss %.4f (%.0f ms/step, generation %s)", step, self.cfg.train.steps, msg["loss"], 1e3 * msg["step_s"], msg.get("gen"))
+        self._progress(step, msg)
+
+    def _progress(self, step: int, msg: Dict[str, Any]) -> None:
+        now = self.clock()
+        t_train = self._t_train or now
+        productive = sum(v["step_s"] for v in self.step_log.values())
+        recent = [self.step_log[s]["step_s"] for s in range(max(step - 9, 1), step + 1) if s in self.step_log]
+        steps_per_s = len(recent) / sum(recent) if recent and sum(recent) > 0 else 0.0
+        samples = msg.get("samples")
+        self.progress.update(
+            Snapshot(
+                step=step,
+                total=self.cfg.train.steps,
+                loss=float(msg["loss"]),
+                samples_per_s=samples * steps_per_s if samples else None,
+                steps_per_s=steps_per_s,
+                alive=sum(1 for w in self.ranks.values() if self.workers[w].role == "active"),
+                world=self.world,
+                spares=sum(1 for w in self.workers.values() if w.role == "spare"),
+                recoveries=len(self.recoveries),
+                goodput=goodput(productive, now - t_train),
+                gen=self.gen,
+            )
+        )
 
     def _lost(self, rec: WorkerRec, reason: str) -> None:
         """A worker is gone (exit, lost connection, silence). Idempotent."""
@@ -594,6 +618,7 @@ class Coordinator:
 
     def _finish(self, code: int, status: str, error: Optional[str], final_sha: Optional[str] = None) -> int:
         self.stopping = True
+        self.progress.close()
         now = self.clock()
         t_train = self._t_train or now
         final = {s: v for s, v in self.step_log.items()}

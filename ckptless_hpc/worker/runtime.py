@@ -27,6 +27,7 @@ import torch
 
 from .. import faults as faultlib
 from .. import protocol
+from ..tasks.selfcheck import check_batch_determinism
 from ..state.snapshot import apply_state, collect_state, state_nbytes, state_sha256
 from ..state.transfer import StaleState, StateServer, TransferError, fetch_state
 from .control import ControlClient, exit_now
@@ -121,6 +122,7 @@ class Worker:
         torch.set_num_threads(self.cfg.train.threads)
         self.device = device_for(self.local_index)
         self.task = instantiate(self.cfg.task)
+        check_batch_determinism(self.task, self.cfg.cluster.nodes * self.cfg.cluster.workers_per_node)
         torch.manual_seed(self.cfg.train.seed)
         self.model = self.task.build_model().to(self.device)
         self.optimizer = self.task.build_optimizer(self.model, self.cfg.optim)
@@ -139,6 +141,8 @@ class Worker:
         entries, _ = collect_state(self.model, self.optimizer, self.task, 0)
         self.state_bytes = state_nbytes(entries)
         self.faults = faultlib.faults_from_config(self.cfg)
+        batch_size = getattr(self.task, "batch_size", None)
+        self.samples = batch_size * self.cfg.cluster.nodes * self.cfg.cluster.workers_per_node if isinstance(batch_size, int) else None
         self.store_addr = store_addr
         self.server = StateServer(self.host, self.secret, self._provide, describe=f"[{self.node}] ")
         self.step = 0  # a freshly built model is the state of step 0 on every worker (seeded init)
@@ -446,7 +450,7 @@ class Worker:
         self.ctx["step"] = self.step
         if rank == 0:
             self.client.send(
-                {"type": "metrics", "gen": gen, "step": self.step, "loss": float(self.flat[-1]), "lr": lr, "step_s": time.perf_counter() - t0}
+                {"type": "metrics", "gen": gen, "step": self.step, "loss": float(self.flat[-1]), "lr": lr, "step_s": time.perf_counter() - t0, "samples": self.samples}
             )
 
     # ------------------------------------------------------------------ stop

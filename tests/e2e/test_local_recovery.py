@@ -7,6 +7,7 @@ run of the same config and world size.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,3 +110,20 @@ def test_worker_startup_error_is_reported_once(job):
     assert res.rc == 4, res.out
     assert "failed at start-up" in res.out and "no_such_argument" in res.out and "Traceback" in res.out
     assert res.summary["status"] == "startup_failed"
+
+
+def test_task_breaking_the_determinism_contract_is_named(job):
+    tasks = str(Path(__file__).parent / "tasks_for_tests")
+    res = job("~task", "+task._target_=bad_tasks.GlobalRNGTask", "train.steps=5", env={"PYTHONPATH": tasks}, timeout_s=120)
+    assert res.rc == 4, res.out
+    assert "bad_tasks.GlobalRNGTask.batch(step, rank, world, generator) breaks the determinism contract" in res.out
+    assert "HINT" in res.out
+
+
+def test_dry_run_prints_the_placement_and_launches_nothing(job):
+    res = job("dry_run=true", "cluster.nodes=2", "cluster.workers_per_node=2", "fault=kill_node", timeout_s=120)
+    assert res.rc == 0, res.out
+    assert "local0     ranks [0, 1]" in res.out and "local2     spare" in res.out and "kill_node of node slot 1" in res.out
+    assert not (res.run_dir / "events.jsonl").exists()
+    res = job("dry_run=true", "cluster=slurm", "cluster.partition=gpu", timeout_s=120)
+    assert res.rc == 0 and "#SBATCH --nodes=3" in res.out and "#SBATCH --no-kill" in res.out and "srun --nodes=1" in res.out

@@ -1,0 +1,52 @@
+"""``dry_run=true``: the whole config validated, the placement and (Slurm) the rendered
+sbatch/srun lines printed; nothing is launched."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import Any, List
+
+
+def placement(cfg: Any) -> List[str]:
+    c = cfg.cluster
+    name = (lambda i: f"local{i}") if c.backend == "local" else (lambda i: f"<node {i + 1}>")
+    lines = [f"placement: {c.nodes} worker node(s) x {c.workers_per_node} rank(s) = world size {c.nodes * c.workers_per_node}; {c.spare_nodes} hot-spare node(s)"]
+    for n in range(c.nodes):
+        ranks = list(range(n * c.workers_per_node, (n + 1) * c.workers_per_node))
+        lines.append(f"  {name(n):<10} ranks {ranks}")
+    for s in range(c.spare_nodes):
+        lines.append(f"  {name(c.nodes + s):<10} spare ({c.workers_per_node} hot-spare worker(s): model built, waiting for a rank)")
+    lines.append("replicas: data parallel, every rank holds the full model and optimizer state; any healthy rank is a state source")
+    if c.backend == "local" and c.refill_spares:
+        lines.append(f"refill: up to {c.max_refills} new spare node(s) after promotions")
+    return lines
+
+
+def slurm_lines(cfg: Any, run_dir: str) -> List[str]:
+    from ..slurm import render
+    from .slurm import shape_from_config
+
+    shape = shape_from_config(cfg, run_dir)
+    command = [sys.executable, "-m", "ckptless_hpc.worker", "--coordinator", "BATCHHOST:PORT", "--node", "NODE", "--local-index", "slurm", "--host", cfg.cluster.bind_host]
+    srun = render.srun_worker_argv("NODE", cfg.cluster.workers_per_node, command, job_id=None, log_path=f"{run_dir}/logs/NODE.%t.log", gpus_per_node=cfg.cluster.gpus_per_node, cpus_per_task=cfg.cluster.cpus_per_task)
+    return [
+        "sbatch (the coordinator's job, submitted through submitit):",
+        *("  " + line for line in render.sbatch_header(shape)),
+        "srun, one step per worker node and per spare node (launched by the coordinator inside the allocation):",
+        "  " + shlex.join(srun).replace("NODE", "<node>").replace("BATCHHOST:PORT", "<batch host>:<port>"),
+    ]
+
+
+def dry_run(cfg: Any, run_dir: str) -> int:
+    from ..faults import faults_from_config
+
+    print(f"dry run: configuration valid (cluster={cfg.cluster.backend}, task={cfg.task._target_}, {cfg.train.steps} steps); nothing launched")
+    for line in placement(cfg):
+        print(line)
+    for f in faults_from_config(cfg):
+        print(f"fault {f.index}: {f.describe()}")
+    if cfg.cluster.backend == "slurm":
+        for line in slurm_lines(cfg, run_dir):
+            print(line)
+    return 0

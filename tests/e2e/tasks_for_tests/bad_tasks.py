@@ -1,0 +1,15 @@
+"""Tasks that break the contract on purpose (imported by worker processes via PYTHONPATH)."""
+
+from __future__ import annotations
+
+import torch
+
+from ckptless_hpc.tasks.mlp import MLPTask
+
+
+class GlobalRNGTask(MLPTask):
+    """Draws its inputs from torch's global RNG instead of the generator it is given."""
+
+    def batch(self, step, rank, world, generator):
+        x = torch.randn(self.batch_size, self.input_dim)
+        return x, torch.zeros(self.batch_size, dtype=torch.long)
