@@ -163,7 +163,7 @@ class Coordinator:
             self.launcher.register(wid, hello)
             self._emit("worker_connected", rec, pid=rec.pid, slurm_step=hello.get("slurm_step"))
             await self._store_ready.wait()
-            self._send(rec, {"type": "config", "worker_id": wid, "job": self.job_id, "config": OmegaConf.to_container(self.cfg, resolve=True), "store": self.store_addr, "run_dir": self.run_dir})
+            self._send(rec, {"type": "config", "worker_id": wid, "job": self.job_id, "config": OmegaConf.to_container(self.cfg, resolve=True), "store": self.store_addr, "run_dir": self.run_dir, "spare": rec.role == "spare"})
             for queued in rec.outbox:
                 self._send(rec, queued)
             rec.outbox.clear()

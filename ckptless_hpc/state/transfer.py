@@ -3,22 +3,24 @@
 Every worker runs a ``StateServer``. A replacement connects to the source the coordinator
 chose, proves it knows the job secret, and asks for the state of (generation, step). The
 source answers only while it holds exactly that step (a request for any other step is refused
-with both step numbers), streams a header, the raw tensor bytes in canonical order and a
-CRC32 trailer. The receiver checks length and checksum before anything is trained on.
+with both step numbers), streams a header, the raw tensor bytes in canonical order and an
+xxh3-64 checksum trailer (about 11 GB/s here, where CRC32 ran at 3.7 GB/s and halved the
+transfer rate). The receiver checks length and checksum before anything is trained on.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import struct
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
+import xxhash
 
 from .. import protocol
 from .snapshot import Entries, byte_view
@@ -114,10 +116,10 @@ class StateServer:
             conn.settimeout(None)
             header = [{"name": n, "dtype": str(t.dtype), "shape": list(t.shape)} for n, t in entries]
             _send_big(conn, {"type": "state", "entries": header, "meta": meta})
-            crc = 0
+            digest = xxhash.xxh3_64()
             for i, (_, t) in enumerate(entries):
                 mv = byte_view(t)
-                crc = zlib.crc32(mv, crc)
+                digest.update(mv)
                 if damage and i == 0:  # injected fault: the bytes on the wire differ from the state
                     if damage[0] == "truncate":
                         conn.sendall(mv[: len(mv) // 2])
@@ -126,7 +128,7 @@ class StateServer:
                     bad[len(bad) // 2] ^= 0xFF
                     mv = memoryview(bad)
                 conn.sendall(mv)
-            protocol.send_msg(conn, {"type": "end", "crc32": crc})
+            protocol.send_msg(conn, {"type": "end", "xxh3_64": digest.hexdigest()})
         except (protocol.ProtocolError, ConnectionError, OSError, ValueError, KeyError, TypeError) as e:
             self.refused += 1
             log.warning("%sstate request from %s rejected: %s", self._describe, addr, e)
@@ -137,9 +139,32 @@ class StateServer:
         self._sock.close()
 
 
-def fetch_state(host: str, port: int, secret: str, gen: int, step: int, timeout_s: float) -> Received:
+class Arena:
+    """Memory a hot spare pre-faults while it waits, to receive its state into.
+
+    Receiving into fresh memory runs at the speed of page faults (1.3 GB/s here against
+    2-3 GB/s into touched memory), so an idle spare touches its landing buffer ahead of time.
+    Tensors carved from it are views: once loaded, the optimizer state may keep living there.
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        self.buf = torch.zeros(nbytes, dtype=torch.uint8)  # zeros: every page touched now, not later
+        self.offset = 0
+
+    def take(self, shape: Any, dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        start = -(-self.offset // 64) * 64
+        if start + n > self.buf.numel():
+            return torch.empty(shape, dtype=dtype)  # the estimate was short: fresh memory for the rest
+        self.offset = start + n
+        return self.buf[start : start + n].view(dtype).view(shape)
+
+
+def fetch_state(host: str, port: int, secret: str, gen: int, step: int, timeout_s: float, arena: Optional[Arena] = None) -> Received:
     """Fetch (gen, step) from a peer's StateServer; raises TransferError on any problem."""
     t0 = time.monotonic()
+    if arena is not None:
+        arena.offset = 0
     try:
         sock = protocol.connect(host, port, secret, timeout_s=timeout_s)
     except (OSError, protocol.ProtocolError) as e:
@@ -151,13 +176,13 @@ def fetch_state(host: str, port: int, secret: str, gen: int, step: int, timeout_
         if head["type"] == "refused":
             raise TransferError(f"source {host}:{port} refused: {head.get('reason')}")
         entries: Entries = []
-        crc = 0
+        digest = xxhash.xxh3_64()
         nbytes = 0
         for e in head["entries"]:
             dtype = _DTYPES.get(e["dtype"])
             if dtype is None:
                 raise TransferError(f"unsupported dtype {e['dtype']} for {e['name']}")
-            t = torch.empty(e["shape"], dtype=dtype)
+            t = arena.take(e["shape"], dtype) if arena is not None else torch.empty(e["shape"], dtype=dtype)
             mv = byte_view(t)
             got = 0
             while got < len(mv):
@@ -165,12 +190,12 @@ def fetch_state(host: str, port: int, secret: str, gen: int, step: int, timeout_
                 if k == 0:
                     raise TransferError(f"transfer truncated in {e['name']} after {nbytes + got} bytes")
                 got += k
-            crc = zlib.crc32(mv, crc)
+            digest.update(mv)
             nbytes += len(mv)
             entries.append((e["name"], t))
         trailer = protocol.recv_msg(sock)
-        if trailer.get("type") != "end" or trailer.get("crc32") != crc:
-            raise TransferError(f"checksum mismatch from {host}:{port}: got crc32 {crc}, source says {trailer.get('crc32')}")
+        if trailer.get("type") != "end" or trailer.get("xxh3_64") != digest.hexdigest():
+            raise TransferError(f"checksum mismatch from {host}:{port}: got xxh3_64 {digest.hexdigest()}, source says {trailer.get('xxh3_64')}")
         if head["meta"].get("step") != step:
             raise TransferError(f"source sent step {head['meta'].get('step')}, asked for step {step}")
         return Received(entries, head["meta"], nbytes, time.monotonic() - t0)

@@ -29,7 +29,7 @@ from .. import faults as faultlib
 from .. import protocol
 from ..tasks.selfcheck import check_batch_determinism
 from ..state.snapshot import apply_state, collect_state, state_nbytes, state_sha256
-from ..state.transfer import StaleState, StateServer, TransferError, fetch_state
+from ..state.transfer import Arena, StaleState, StateServer, TransferError, fetch_state
 from .control import ControlClient, exit_now
 from .groups import connect_store, device_for, form_group
 
@@ -98,6 +98,7 @@ class Worker:
             exit_now(EXIT_STARTUP_ERROR)
         self.worker_id = msg["worker_id"]
         self.run_dir = msg.get("run_dir")
+        self.hot_spare = bool(msg.get("spare"))
         self.ctx["job"] = msg.get("job", "-")
         # heartbeats start before the (possibly slow) build so that building is not silence
         self.client.heartbeat_fields = lambda: {"gen": self.gen, "step": self.step, "training": self.training, "compute_s": self.compute_s}
@@ -146,6 +147,10 @@ class Worker:
         self.store_addr = store_addr
         self.server = StateServer(self.host, self.secret, self._provide, describe=f"[{self.node}] ")
         self.step = 0  # a freshly built model is the state of step 0 on every worker (seeded init)
+        self.arena: Optional[Arena] = None
+        if self.hot_spare:  # an idle spare pre-faults the memory it will receive its state into
+            # model + two optimizer moments (AdamW) + a margin; the rest would land in fresh memory
+            threading.Thread(target=lambda: setattr(self, "arena", Arena(3 * self.state_bytes + (1 << 20))), daemon=True).start()
         log.info("built %s; state %.1f MB; serving state on %s:%d", self.task.describe(), self.state_bytes / 1e6, self.host, self.server.port)
 
     # ------------------------------------------------------------------ control
@@ -327,7 +332,7 @@ class Worker:
                 self._fire(fault, target)
             try:
                 got = self._interruptible(
-                    lambda: fetch_state(src["host"], int(src["port"]), self.secret, gen, target, timeout_s), gen, timeout_s, "fetch-state"
+                    lambda: fetch_state(src["host"], int(src["port"]), self.secret, gen, target, timeout_s, self.arena), gen, timeout_s, "fetch-state"
                 )
             except TransferError as e:
                 errors.append(str(e))
@@ -336,6 +341,7 @@ class Worker:
                 continue
             t0 = time.monotonic()
             apply_state(self.model, self.optimizer, self.task, got.entries, got.meta)
+            self.arena = None  # its memory now holds (part of) the optimizer state
             self.step = target
             self.ctx["step"] = target
             self.client.send(
