@@ -27,6 +27,7 @@ import torch
 
 from .. import faults as faultlib
 from .. import protocol
+from ..tasks.base import lr_at, mix_seed
 from ..tasks.selfcheck import check_batch_determinism
 from ..state.snapshot import apply_state, collect_state, state_nbytes, state_sha256
 from ..state.transfer import Arena, StaleState, StateServer, TransferError, fetch_state
@@ -132,13 +133,7 @@ class Worker:
         if len(dtypes) != 1:
             raise ValueError(f"task parameters have several dtypes {sorted(map(str, dtypes))}. HINT: use one dtype for trainable parameters")
         self.n_params = sum(p.numel() for p in params)
-        # gradients are views of one flat buffer (+1 slot for the loss): reduced in a fixed order
-        self.flat = torch.zeros(self.n_params + 1, dtype=params[0].dtype, device=self.device)
-        off = 0
-        for p in params:
-            p.grad = self.flat[off : off + p.numel()].view_as(p)
-            off += p.numel()
-        self.buckets = [self.flat[i : i + BUCKET_ELEMS] for i in range(0, self.flat.numel(), BUCKET_ELEMS)]
+        self._bucket_grads(params)
         entries, _ = collect_state(self.model, self.optimizer, self.task, 0)
         self.state_bytes = state_nbytes(entries)
         self.faults = faultlib.faults_from_config(self.cfg)
@@ -389,6 +384,47 @@ class Worker:
             self.pg = None
 
     # ------------------------------------------------------------------ training
+    def _bucket_grads(self, params: List[torch.Tensor]) -> None:
+        """Gradients are views of one flat buffer (+1 slot for the loss), laid out in reverse
+        parameter order (the order backward produces them) and cut into fixed buckets; a bucket's
+        allreduce starts as soon as its last gradient is accumulated, overlapping the rest of the
+        backward pass. Fixed boundaries and a fixed order keep the result bitwise reproducible."""
+        self.flat = torch.zeros(self.n_params + 1, dtype=params[0].dtype, device=self.device)
+        self._bounds: List[tuple] = []
+        self._bucket_of: Dict[int, int] = {}
+        sizes: List[int] = []
+        off = start = 0
+        for p in reversed(params):
+            p.grad = self.flat[off : off + p.numel()].view_as(p)
+            self._bucket_of[id(p)] = len(self._bounds)
+            off += p.numel()
+            if len(sizes) == len(self._bounds):
+                sizes.append(0)
+            sizes[-1] += 1
+            if off - start >= BUCKET_ELEMS:
+                self._bounds.append((start, off))
+                start = off
+        self._bounds.append((start, self.n_params + 1))  # the last bucket carries the loss slot
+        sizes += [0] * (len(self._bounds) - len(sizes))
+        self._bucket_sizes = sizes
+        self._futures: Optional[List[Any]] = None
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _grad_ready(self, p: torch.Tensor) -> None:
+        if self._futures is None:  # a backward outside a training step
+            return
+        b = self._bucket_of[id(p)]
+        self._left[b] -= 1
+        if self._left[b] == 0:
+            self._launch(b)
+
+    def _launch(self, b: int) -> None:
+        start, end = self._bounds[b]
+        fut = self.pg.allreduce([self.flat[start:end]]).get_future()
+        fut.add_done_callback(lambda _f: self._wake.set())
+        self._futures[b] = fut
+
     def _train(self, gen: int) -> None:
         steps = self.cfg.train.steps
         self.training = True
@@ -413,8 +449,6 @@ class Worker:
         self.client.send({"type": "done", "gen": gen, "rank": self.rank, "step": self.step, "sha256": state_sha256(entries, meta)})
 
     def _one_step(self, gen: int) -> None:
-        from ..tasks.base import lr_at, mix_seed
-
         step, rank, world, cfg = self.step, self.rank, self.world, self.cfg
         t0 = time.perf_counter()
         torch.manual_seed(mix_seed(cfg.train.seed, step, rank))
@@ -423,30 +457,15 @@ class Worker:
         self.model.train()
         self.flat.zero_()
         loss = self.task.loss(self.model, batch)
-        loss.backward()
         self.flat[-1] = loss.detach()
-        factor = faultlib.slowdown(self.faults, rank, step)
-        if factor > 1:  # an injected straggler: alive, just slow
-            time.sleep((factor - 1) * (time.perf_counter() - t0))
-        self.compute_s = time.perf_counter() - t0
-        fault = self._due("step", step)
-        if fault is not None:
-            self._fire(fault, step)
-        futures = []
-        for b in self.buckets:
-            fut = self.pg.allreduce([b]).get_future()
-            fut.add_done_callback(lambda _f: self._wake.set())
-            futures.append(fut)
-        outcome = self._wait_until(lambda: all(f.done() for f in futures), gen, cfg.cluster.collective_timeout_s)
-        if outcome == "abort":
-            raise Aborted("allreduce")
-        if outcome == "timeout":
-            raise CollectiveError(f"allreduce at step {step} timed out after {cfg.cluster.collective_timeout_s}s")
+        self._left = list(self._bucket_sizes)
+        self._futures = [None] * len(self._bounds)
         try:
-            for f in futures:
-                f.wait()
-        except Exception as e:  # gloo raises RuntimeError subclasses on a lost peer
-            raise CollectiveError(f"allreduce at step {step}: {e}") from None
+            loss.backward()  # buckets start their allreduce as they fill
+            self._after_backward(step, t0)
+            self._wait_buckets(gen, step)
+        finally:
+            self._futures = None
         self.flat.div_(world)
         lr = lr_at(step, lr=cfg.optim.lr, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.train.steps, min_lr_ratio=cfg.optim.min_lr_ratio)
         for group in self.optimizer.param_groups:
@@ -458,6 +477,33 @@ class Worker:
             self.client.send(
                 {"type": "metrics", "gen": gen, "step": self.step, "loss": float(self.flat[-1]), "lr": lr, "step_s": time.perf_counter() - t0, "samples": self.samples}
             )
+
+    def _after_backward(self, step: int, t0: float) -> None:
+        """The injected faults of this step, then the buckets not started yet (unused parameters)."""
+        factor = faultlib.slowdown(self.faults, self.rank, step)
+        if factor > 1:  # an injected straggler: alive, just slow
+            time.sleep((factor - 1) * (time.perf_counter() - t0))
+        self.compute_s = time.perf_counter() - t0
+        fault = self._due("step", step)
+        if fault is not None:
+            self._fire(fault, step)
+        for b, fut in enumerate(self._futures):
+            if fut is None:
+                self._launch(b)
+
+    def _wait_buckets(self, gen: int, step: int) -> None:
+        timeout_s = self.cfg.cluster.collective_timeout_s
+        futures = list(self._futures)
+        outcome = self._wait_until(lambda: all(f.done() for f in futures), gen, timeout_s)
+        if outcome == "abort":
+            raise Aborted("allreduce")
+        if outcome == "timeout":
+            raise CollectiveError(f"allreduce at step {step} timed out after {timeout_s}s")
+        try:
+            for f in futures:
+                f.wait()
+        except Exception as e:  # gloo raises RuntimeError subclasses on a lost peer
+            raise CollectiveError(f"allreduce at step {step}: {e}") from None
 
     # ------------------------------------------------------------------ stop
     def _save(self, path: str) -> Dict[str, Any]:

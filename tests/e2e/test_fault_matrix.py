@@ -99,7 +99,7 @@ def test_every_spare_used_then_another_failure(job):
     assert res.rc == 3, res.out
     s = res.summary
     assert len(s["recoveries"]) == 1 and s["status"] == "no_spare"
-    assert s["saved_state"]["step"] in (39, 40) and os.path.exists(s["saved_state"]["path"])
+    assert s["saved_state"]["step"] in (40, 41) and os.path.exists(s["saved_state"]["path"])
 
 
 def _gone(pid: int) -> bool:

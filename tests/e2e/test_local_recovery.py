@@ -50,7 +50,7 @@ def test_kill_worker_default_task(job, baseline):
     res = job(*cfg, "fault=kill_worker", "fault.rank=1", "fault.step=20")
     (rec,) = _assert_recovered(res, 1)
     assert res.summary["final_state_sha256"] == baseline(*cfg)
-    assert rec["failed_ranks"] == [1] and rec["target_step"] in (19, 20)
+    assert rec["failed_ranks"] == [1] and rec["target_step"] in (20, 21)  # aborted step 20, or completed it: the dead rank's buckets all arrived
     assert rec["replacements"] == {"1": "local2.0"}
     fault = res.of("fault_injected")[0]
     assert _dead(fault["pid"])
@@ -100,7 +100,7 @@ def test_no_spare_left_stops_cleanly_and_saves_state(job):
     s = res.summary
     assert s["status"] == "no_spare" and "no spare left" in s["error"] and "HINT" in s["error"]
     saved = s["saved_state"]
-    assert saved and os.path.exists(saved["path"]) and saved["step"] in (19, 20)
+    assert saved and os.path.exists(saved["path"]) and saved["step"] in (20, 21)
     state = torch.load(saved["path"], weights_only=True)
     assert state["meta"]["step"] == saved["step"] and any(k.startswith("model.") for k in state["entries"])
 

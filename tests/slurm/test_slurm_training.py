@@ -189,7 +189,7 @@ def test_no_spare_left_saves_requeues_and_resumes_without_the_bad_node(slurm_env
     try:
         saved = _event(tmp_path, lambda e: e["event"] == "emergency_save", "the emergency copy")
         bad = _event(tmp_path, lambda e: e["event"] == "node_excluded", "the excluded node")["node"]
-        assert saved["saved"]["step"] in (29, 30)
+        assert saved["saved"]["step"] in (30, 31)  # the step the fault fired in: aborted, or completed by the overlapped allreduce
         restarted = _event(tmp_path, lambda e: e["event"] == "generation_started" and e.get("resumed_from"), "the requeued run", within_s=240)
         assert all(not w.startswith(bad + ".") for w in restarted["ranks"].values())
         s = _finished(job, tmp_path, within_s=240)
