@@ -31,3 +31,10 @@ def test_unknown_task_and_unknown_key(job):
     assert res.rc != 0 and "task" in res.out and "mlp" in res.out  # Hydra lists the available options
     res = job("train.stpes=3")
     assert res.rc != 0 and "stpes" in res.out
+
+
+def test_slurm_backend_without_a_reachable_slurm(job):
+    res = job("cluster=slurm", "task=mlp", env={"SLURM_CONF": "/nonexistent/slurm.conf"})
+    assert res.rc == 2, res.out
+    assert "cluster=slurm but no Slurm is reachable" in res.out and "HINT" in res.out
+    assert not (res.run_dir / "job.json").exists()
