@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from ckpt_testlib import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

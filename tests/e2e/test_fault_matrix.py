@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from ckpt_testlib import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from conftest import REPO
+from ckpt_testlib import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

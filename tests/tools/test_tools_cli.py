@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import REPO, run_job
+from ckpt_testlib import REPO, run_job
 
 pytestmark = [pytest.mark.timeout(180)]
 

@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from conftest import run_job
+from ckpt_testlib import run_job
 from ckptless_hpc import report, tools
 from ckptless_hpc.rundir import (
     RunDirError, load_run, parse_events, progress, rank_history, recoveries, requeues, split_attempts, step_series,
