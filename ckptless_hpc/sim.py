@@ -5,9 +5,8 @@ with the GPU count; each system pays its own cost per failure.
 
 - **Checkpointless** (this project): a failure costs the measured recovery downtime ``D``
   (detect + reconfigure + transfer + the first step after it); no work is lost beyond the
-  in-flight step, which ``D`` already contains; steady state runs ``steady_overhead`` slower
-  than plain data parallelism. A failure during a recovery starts it again, so
-  ``goodput = (1 - overhead) * exp(-D / M)`` for a mean time between failures ``M``.
+  in-flight step, which ``D`` already contains. A failure during a recovery starts it again,
+  so ``goodput = exp(-D / M)`` for a mean time between failures ``M``.
 - **Checkpoint-restart**: a blocking checkpoint of cost ``C`` every ``tau`` seconds of work;
   a failure loses the work since the last checkpoint and costs a restart ``R`` (stop every
   process, relaunch, load the checkpoint). Daly's model (J. T. Daly, "A higher order estimate
@@ -15,6 +14,13 @@ with the GPU count; each system pays its own cost per failure.
   ``T_wall / T_work = M * exp(R / M) * (exp((tau + C) / M) - 1) / tau``, evaluated at the
   ``tau`` that maximises goodput (found numerically; Young's ``sqrt(2 C M)`` and Daly's
   higher-order estimate are reported next to it).
+
+Goodput is the project's definition (summary.json): the fraction of wall time spent in
+productive steps. A checkpointless step may also be slower than a plain DDP step
+(``steady_overhead``, benchmark B3): ``throughput = goodput * (1 - steady_overhead)`` is the
+useful work per wall second relative to failure-free plain DDP, the number to put next to
+checkpoint-restart's goodput (whose steady state *is* plain DDP; its checkpoint writes are
+already in its goodput).
 
 Both closed forms are checked against a seeded event-driven Monte Carlo run of each policy
 (``simulate_*``). Failure rate default: Llama 3 pre-training, 419 unexpected interruptions in
@@ -53,18 +59,19 @@ def llama3_failures_per_gpu_hour() -> float:
 class Costs:
     """Per-failure and steady-state costs, in seconds (fractions for overheads).
 
-    Defaults: the 100 M-parameter model measured by ``python -m bench`` on the project's
-    2-core CPU machine (docs/benchmarks.md); pass your own with the CLI flags.
+    Defaults: the 100 M-parameter model (1.19 GB of state) measured by ``python -m bench`` on
+    the project's 2-core CPU machine (docs/benchmarks.md, 2026-11-29); pass your own with the
+    CLI flags: at scale, restart and checkpoint costs are far larger than on one machine.
     """
 
-    detect_s: float = 3.0  # checkpointless: failure -> detected (heartbeat timeout: a dead node sends nothing)
-    reconfigure_s: float = 0.2  # checkpointless: plan, abort survivors, re-form the group
-    transfer_s: float = 0.6  # checkpointless: state of the failed ranks pulled from a peer
-    resume_s: float = 1.5  # checkpointless: the first step after the recovery (redoes the in-flight step)
-    steady_overhead: float = 0.0  # checkpointless: step-time overhead vs plain DDP (fraction)
-    save_s: float = 2.0  # checkpoint-restart: blocking checkpoint write (C)
-    restart_s: float = 15.0  # checkpoint-restart: failure -> training again from the checkpoint (R)
-    group_init_per_doubling_s: float = 0.0  # added to reconfigure and restart per doubling beyond ref_gpus
+    detect_s: float = 3.42  # checkpointless: failure -> detected (heartbeat timeout: a dead node sends nothing)
+    reconfigure_s: float = 0.20  # checkpointless: plan, abort survivors, re-form the group
+    transfer_s: float = 0.96  # checkpointless: state of the failed ranks pulled from a peer (1.19 GB)
+    resume_s: float = 2.25  # checkpointless: the first step after the recovery (redoes the in-flight step)
+    steady_overhead: float = 0.0  # checkpointless: step-time overhead vs plain DDP (fraction; B3)
+    save_s: float = 4.14  # checkpoint-restart: blocking checkpoint write (C), torch.save + fsync of 1.19 GB
+    restart_s: float = 12.2  # checkpoint-restart: failure -> every rank relaunched, group formed, checkpoint loaded (R)
+    group_init_per_doubling_s: float = 0.02  # added to reconfigure and restart per doubling beyond ref_gpus (B5)
     ref_gpus: int = 2  # world size at which the phases above were measured
 
     def validate(self) -> None:
@@ -103,9 +110,9 @@ def mtbf_s(gpus: int, failures_per_gpu_hour: float) -> float:
 # ------------------------------------------------------------------------------ checkpointless
 
 
-def checkpointless_goodput(downtime_s: float, mtbf: float, steady_overhead: float = 0.0) -> float:
-    """Fraction of wall time spent on useful work; failures during a recovery restart it."""
-    return (1.0 - steady_overhead) * math.exp(-downtime_s / mtbf)
+def checkpointless_goodput(downtime_s: float, mtbf: float) -> float:
+    """Fraction of wall time spent in productive steps; a failure during a recovery restarts it."""
+    return math.exp(-downtime_s / mtbf)
 
 
 # ------------------------------------------------------------------------------ checkpoint-restart
@@ -152,7 +159,8 @@ def optimal_interval_s(save_s: float, restart_s: float, mtbf: float) -> float:
 
 
 def simulate_checkpointless(downtime_s: float, mtbf: float, work_s: float, seed: int = 0, steady_overhead: float = 0.0) -> float:
-    """Event-driven run of ``work_s`` seconds of work; returns the goodput it reached."""
+    """Event-driven run of ``work_s`` seconds of work; returns work over wall time (the goodput,
+    times ``1 - steady_overhead`` when steps run that much slower than plain DDP)."""
     rng = random.Random(seed)
     rate_work = 1.0 - steady_overhead
     done = wall = 0.0
@@ -205,6 +213,7 @@ class Point:
     failures_per_day: float
     checkpointless_downtime_s: float
     checkpointless_goodput: float
+    checkpointless_throughput: float  # goodput * (1 - steady_overhead): useful work vs failure-free plain DDP
     restart_s: float
     interval_s: float  # optimal checkpoint interval (numeric)
     young_interval_s: float
@@ -228,7 +237,8 @@ def compare(gpus: int, costs: Costs, failures_per_gpu_hour: Optional[float] = No
         mtbf_s=m,
         failures_per_day=86400.0 / m,
         checkpointless_downtime_s=d,
-        checkpointless_goodput=checkpointless_goodput(d, m, costs.steady_overhead),
+        checkpointless_goodput=checkpointless_goodput(d, m),
+        checkpointless_throughput=checkpointless_goodput(d, m) * (1.0 - costs.steady_overhead),
         restart_s=r,
         interval_s=tau,
         young_interval_s=young_interval_s(costs.save_s, m),
@@ -245,11 +255,15 @@ def sweep(costs: Costs, gpus: Sequence[int] = DEFAULT_GPUS, failures_per_gpu_hou
 
 
 def format_table(points: Sequence[Point]) -> str:
-    head = f"{'GPUs':>7} {'MTBF':>8} {'fail/day':>8} | {'ckptless D':>10} {'goodput':>8} | {'restart R':>9} {'interval':>9} {'Young':>8} {'goodput':>8}"
+    head = (
+        f"{'GPUs':>7} {'MTBF':>8} {'fail/day':>8} | {'ckptless D':>10} {'goodput':>8} {'x(1-ovh)':>8} | "
+        f"{'restart R':>9} {'interval':>9} {'Young':>8} {'goodput':>8}"
+    )
     lines = [head, "-" * len(head)]
     for p in points:
         lines.append(
-            f"{p.gpus:>7} {p.mtbf_s / 60:>7.1f}m {p.failures_per_day:>8.1f} | {p.checkpointless_downtime_s:>9.2f}s {100 * p.checkpointless_goodput:>7.2f}% | "
+            f"{p.gpus:>7} {p.mtbf_s / 60:>7.1f}m {p.failures_per_day:>8.1f} | {p.checkpointless_downtime_s:>9.2f}s {100 * p.checkpointless_goodput:>7.2f}% "
+            f"{100 * p.checkpointless_throughput:>7.2f}% | "
             f"{p.restart_s:>8.1f}s {p.interval_s:>8.0f}s {p.young_interval_s:>7.0f}s {100 * p.ckpt_restart_goodput:>7.2f}%"
         )
     return "\n".join(lines)

@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -86,7 +87,14 @@ class Worker:
         self.compute_s: Optional[float] = None  # forward+backward time of the last step (straggler detection)
 
     # ------------------------------------------------------------------ set-up
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self._orphaned:  # Slurm cancels the steps of a job whose batch host died: finish the copy first
+            log.warning("SIGTERM while writing the last-resort copy: finishing it first (SIGKILL follows after KillWait)")
+            return
+        exit_now(128 + signum)
+
     def start(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
         self.client = ControlClient.connect(self.coordinator, self.secret, on_message=self._on_message, on_lost=self._on_lost)
         from ..slurm.env import SlurmEnvironment
 
