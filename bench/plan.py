@@ -1,0 +1,79 @@
+"""What each mode runs: sizes, steps, fault steps, repetitions (one place to read and change).
+
+``quick`` is the CI smoke: tiny sizes, one repetition, a few minutes at most on 2 cores; its
+numbers only prove that the harness works. ``full`` is the run quoted in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+
+@dataclass(frozen=True)
+class B1Point:
+    size: str
+    steps: int  # ckptless job length
+    fault_step: int  # ckptless: the step during which rank 1 is killed / hung
+    ckpt_every: int  # baseline: checkpoint interval K (steps); the kill comes K/2 steps after a checkpoint
+    reps: int = 1
+
+    @property
+    def base_fault_step(self) -> int:
+        return 2 * self.ckpt_every + self.ckpt_every // 2
+
+    @property
+    def base_steps(self) -> int:
+        return self.base_fault_step + self.ckpt_every // 2 + 2
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    b1: List[B1Point]
+    b2_size: str
+    b2_steps: int
+    b2_fault_step: int
+    b2_reps: int
+    b3_size: str
+    b3_steps: int
+    b3_reps: int
+    b3_torchft: bool  # also time TorchFT's steady state in B3 (else B2 uses its kill run's steps before the kill)
+    b4_bytes: int
+    b4_reps: int
+    b5_size: str
+    b5_nodes: Tuple[int, ...]
+    b5_steps: int
+    b5_fault_step: int
+    b5_reps: int
+    b6_size: str
+    b6_interval_s: float  # mean (here: fixed) time between failures
+    b6_failures: int
+    sim_gpus: Tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 100000)
+    notes: Dict[str, str] = field(default_factory=dict)
+
+
+QUICK = Plan(
+    name="quick",
+    b1=[B1Point("tiny", steps=30, fault_step=15, ckpt_every=4)],
+    b2_size="tiny", b2_steps=30, b2_fault_step=15, b2_reps=1,
+    b3_size="tiny", b3_steps=150, b3_reps=1, b3_torchft=False,
+    b4_bytes=32 << 20, b4_reps=1,
+    b5_size="tiny", b5_nodes=(2, 4), b5_steps=30, b5_fault_step=15, b5_reps=1,  # 8 workers: full run only
+    b6_size="tiny", b6_interval_s=4.0, b6_failures=1,
+)
+
+FULL = Plan(
+    name="full",
+    b1=[
+        B1Point("10M", steps=14, fault_step=7, ckpt_every=4),
+        B1Point("100M", steps=8, fault_step=4, ckpt_every=4),
+    ],
+    b2_size="default", b2_steps=40, b2_fault_step=20, b2_reps=2,
+    b3_size="default", b3_steps=300, b3_reps=5, b3_torchft=True,
+    b4_bytes=1_200_000_000, b4_reps=3,  # the AdamW state of the 100 M model
+    b5_size="default", b5_nodes=(2, 4, 8), b5_steps=40, b5_fault_step=20, b5_reps=2,
+    b6_size="default", b6_interval_s=60.0, b6_failures=2,
+)
+
+PLANS = {"quick": QUICK, "full": FULL}

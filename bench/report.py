@@ -1,0 +1,194 @@
+"""The table printed at the end of a run and the PNG chart, both from the results dict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+
+def _s(x: Optional[float], unit: str = "s", digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}{unit}"
+
+
+def _pct(x: Optional[float], digits: int = 1) -> str:
+    return "n/a" if x is None else f"{100 * x:.{digits}f}%"
+
+
+def _pp(x: Optional[float]) -> str:
+    """A signed percentage, already in percent."""
+    return "n/a" if x is None else f"{x:+.1f}%"
+
+
+def _ok(cond: Optional[bool]) -> str:
+    return "n/a" if cond is None else ("yes" if cond else "NO")
+
+
+def rows(res: Dict[str, Any]) -> List[List[str]]:
+    out: List[List[str]] = []
+    for p in res["b1"]["points"]:
+        k, h, c = p["kill"], p["hang"], p["ckpt_restart"]
+        out.append([
+            f"B1 kill, {p['size']} ({p['params'] / 1e6:.1f} M params, state {p['state_bytes'] / 1e6:.0f} MB)",
+            f"ckptless {_s(k['downtime_s'])} (detect {_s(k['detect_s'], '', 3)} + reconf {_s(k['reconfigure_s'], '', 3)} + transfer "
+            f"{_s(k['transfer_s'], '', 3)} + first step {_s(k['resume_s'], '', 2)}) vs checkpoint-restart {_s(c['downtime_s'])} "
+            f"(restart {_s(c['first_step_s'])} + {c['lost_steps']:.0f} steps redone): {_s(p['ratio_kill'], 'x', 1)}; "
+            f"net of one step ({_s(p['step_s'])}): {_s(p['ckptless_lost_s'])} vs {_s(p['ckpt_restart_lost_s'])} = {_s(p['ratio_lost_time'], 'x', 0)}",
+            f">=20x; <= {_s(p['target_bound_s'])}",
+            f"{_ok(p['ratio_kill'] >= 20)} ({_ok(p['ratio_lost_time'] >= 20)} net); {_ok(k['downtime_s'] <= p['target_bound_s'])}",
+        ])
+        out.append([
+            f"B1 hang, {p['size']}",
+            f"ckptless {_s(h['downtime_s'])} (detect {_s(h['detect_s'])} = heartbeat timeout, reconf {_s(h['reconfigure_s'], '', 3)}, "
+            f"transfer {_s(h['transfer_s'], '', 3)}, first step {_s(h['resume_s'])})",
+            "-", "-",
+        ])
+    b2 = res["b2"]
+    if b2.get("status") == "ok":
+        ft = b2["torchft"]
+        over = b2.get("torchft_overhead_pct")
+        ours = b2.get("ckptless_overhead_pct")
+        out.append([
+            f"B2 TorchFT, {b2['size']} model, kill",
+            f"TorchFT {_s(ft['downtime_s'])} (relaunch, import {_s(ft['imported_s'])}, build {_s(ft['built_s'])}, heal + step) vs ckptless "
+            f"{_s(b2['ckptless_downtime_s'], 's', 3)}: {_s(b2['ratio'], 'x', 0)}; step overhead vs DDP TorchFT "
+            f"{'n/a' if over is None else f'{over:+.1f}%'} / ckptless {'n/a' if ours is None else f'{ours:+.1f}%'}",
+            ">=10x; lower overhead",
+            f"{_ok(b2['ratio'] >= 10)}; {_ok(None if over is None or ours is None else ours < over)}",
+        ])
+    else:
+        out.append(["B2 TorchFT", b2.get("status", "skipped"), ">=10x", "n/a"])
+    b3 = res["b3"]
+    out.append([
+        f"B3 steady state, {b3['size']} model, 2 workers",
+        f"ckptless {1e3 * b3['ckptless_step_s']:.1f} ms/step vs DDP {1e3 * b3['ddp_step_s']:.1f} ms/step: {b3['overhead_pct']:+.1f}% (median of "
+        f"{b3['reps']} back-to-back pairs); CPU s/step: ranks {_pp(b3['cpu_overhead_ranks_pct'])}, + coordinator and spare {_pp(b3['cpu_overhead_all_pct'])}",
+        "<=2%", _ok(b3["overhead_pct"] <= 2.0),
+    ])
+    b4 = res["b4"]
+    out.append([
+        f"B4 transfer, {b4['bytes'] / 1e6:.0f} MB",
+        f"state {b4['state_transfer_gbps']:.2f} GB/s vs raw TCP {b4['raw_tcp_gbps']:.2f} GB/s ({b4.get('checksum', 'crc32')} {b4.get('checksum_gbps', b4['crc32_gbps']):.1f} GB/s, "
+        f"first touch {b4['first_touch_gbps']:.1f} GB/s{', into a pre-touched arena' if b4.get('arena') else ''})",
+        ">=70%", f"{_pct(b4['fraction_of_loopback'], 0)}: {_ok(b4['fraction_of_loopback'] >= 0.7)}",
+    ])
+    b5 = res["b5"]
+    parts = ", ".join(f"{r['workers']}: {_s(r['downtime_s'], 's', 3)} (step {1e3 * r['step_s']:.0f} ms)" for r in b5["rows"])
+    out.append([
+        f"B5 scaling, {b5['size']} model",
+        f"downtime {parts}; growth excl. first step {b5['growth_excl_resume_pct']:+.0f}%, in units of the step time {b5['growth_in_steps_pct']:+.0f}%",
+        f"<=10% ({b5['from_to'][0]}->{b5['from_to'][1]})", f"{b5['growth_pct']:+.0f}%: {_ok(b5['growth_pct'] <= 10)}",
+    ])
+    b6 = res["b6"]
+    out.append([
+        f"B6 local goodput, a kill every {b6['interval_s']:.0f}s",
+        f"ckptless {_pct(b6['ckptless']['goodput'])} vs checkpoint-restart {_pct(b6['ckpt_restart']['goodput'])} (K={b6['ckpt_restart']['ckpt_every']} steps, Young)",
+        ">=97%", _ok(b6["ckptless"]["goodput"] >= 0.97),
+    ])
+    s16 = res["b6_sim"]["at_16k"]
+    out.append([
+        "B6 simulated, 16,384 GPUs (Llama 3 failure rate)",
+        f"ckptless {_pct(s16['checkpointless_goodput'], 2)} vs checkpoint-restart {_pct(s16['ckpt_restart_goodput'], 2)} "
+        f"(interval {s16['interval_s']:.0f}s, MTBF {s16['mtbf_s'] / 3600:.1f} h); ckptless x (1 - B3 overhead) {_pct(s16.get('checkpointless_throughput'), 2)}",
+        ">=98%", _ok(s16["checkpointless_goodput"] >= 0.98),
+    ])
+    return out
+
+
+def table(res: Dict[str, Any]) -> str:
+    head = ["benchmark", "measured (medians, side by side)", "target", "reached"]
+    body = rows(res)
+    w = [max(len(r[i]) for r in [head] + body) for i in range(3)]
+    line = lambda r: f"{r[0]:<{w[0]}}  {r[1]:<{w[1]}}  {r[2]:<{w[2]}}  {r[3]}"  # noqa: E731
+    m = res["machine"]
+    return "\n".join(
+        [f"ckptless_hpc benchmarks ({res['mode']}): {res['command']}  [{res['date']}; {m['cpu']}, {m['cores']} cores; torch {m['torch']}]", line(head), "-" * (sum(w) + 14)]
+        + [line(r) for r in body]
+    )
+
+
+def markdown(res: Dict[str, Any]) -> str:
+    """The same table in Markdown (docs/benchmarks.md)."""
+    out = ["| benchmark | measured (medians, side by side) | target | reached |", "| --- | --- | --- | --- |"]
+    out += [f"| {' | '.join(c.replace('|', '/') for c in r)} |" for r in rows(res)]
+    return "\n".join(out)
+
+
+def chart(res: Dict[str, Any], path: Path) -> Optional[Path]:
+    """A 2x2 PNG: B1 downtimes, B5 scaling, B3/B4 bars, B6 goodput vs GPUs. None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(2, 2, figsize=(13, 9))
+    # B1 + B2: downtime per failure, log scale
+    labels, ck, cr = [], [], []
+    for p in res["b1"]["points"]:
+        labels += [f"kill {p['size']}", f"hang {p['size']}"]
+        ck += [p["kill"]["downtime_s"], p["hang"]["downtime_s"]]
+        cr += [p["ckpt_restart"]["downtime_s"], None]
+    x = range(len(labels))
+    a = ax[0][0]
+    a.bar([i - 0.2 for i in x], ck, width=0.4, label="ckptless_hpc", color="tab:green")
+    a.bar([i + 0.2 for i in x], [v or 0 for v in cr], width=0.4, label="checkpoint-restart", color="tab:red")
+    b2 = res["b2"]
+    if b2.get("status") == "ok":
+        n = len(labels)
+        a.bar([n - 0.2], [b2["ckptless_downtime_s"]], width=0.4, color="tab:green")
+        a.bar([n + 0.2], [b2["torchft"]["downtime_s"]], width=0.4, color="tab:blue", label="TorchFT")
+        labels.append(f"kill {b2['size']} (B2)")
+    a.set_xticks(range(len(labels)), labels, rotation=15)
+    a.set_yscale("log")
+    a.set_ylabel("downtime per failure (s, log)")
+    a.set_title("B1/B2: failure -> first committed step past it")
+    a.legend()
+    # B5
+    a = ax[0][1]
+    rows5 = res["b5"]["rows"]
+    w = [r["workers"] for r in rows5]
+    a.plot(w, [r["downtime_s"] for r in rows5], "o-", label="downtime", color="tab:green")
+    a.plot(w, [r["recovery_excl_resume_s"] for r in rows5], "s--", label="detect+reconfigure+transfer", color="tab:olive")
+    a.plot(w, [r["step_s"] for r in rows5], "^:", label="step time", color="tab:gray")
+    a.set_xlabel("workers (2 CPU cores)")
+    a.set_ylabel("seconds")
+    a.set_xticks(w)
+    a.set_title(f"B5: recovery vs worker count ({res['b5']['size']} model)")
+    a.legend()
+    # B3 + B4
+    a = ax[1][0]
+    b3, b4 = res["b3"], res["b4"]
+    names = ["DDP", "ckptless"] + (["TorchFT"] if b3.get("torchft_step_s") else [])
+    vals = [1e3 * b3["ddp_step_s"], 1e3 * b3["ckptless_step_s"]] + ([1e3 * b3["torchft_step_s"]] if b3.get("torchft_step_s") else [])
+    a.bar(names, vals, color=["tab:gray", "tab:green", "tab:blue"][: len(names)])
+    a.set_ylabel(f"ms per step ({b3['size']} model, 2 workers)")
+    a.set_title(f"B3: step time; B4: transfer {b4['state_transfer_gbps']:.2f} vs raw TCP {b4['raw_tcp_gbps']:.2f} GB/s")
+    # B6
+    a = ax[1][1]
+    pts = res["b6_sim"]["points"]
+    g = [p["gpus"] for p in pts]
+    a.plot(g, [100 * p["checkpointless_goodput"] for p in pts], "o-", color="tab:green", label="ckptless_hpc goodput")
+    if all(p.get("checkpointless_throughput") is not None for p in pts):
+        a.plot(g, [100 * p["checkpointless_throughput"] for p in pts], "o--", color="tab:olive", label="ckptless_hpc x (1 - B3 step overhead)")
+    a.plot(g, [100 * p["ckpt_restart_goodput"] for p in pts], "o-", color="tab:red", label="checkpoint-restart, optimal interval")
+    a.set_xscale("log")
+    a.set_xlabel("GPUs (Llama 3 failure rate)")
+    a.set_ylabel("goodput (%)")
+    b6 = res["b6"]
+    a.set_title(f"B6: simulated; local (kill every {b6['interval_s']:.0f}s): {100 * b6['ckptless']['goodput']:.1f}% vs {100 * b6['ckpt_restart']['goodput']:.1f}%")
+    a.axhline(98, color="k", lw=0.5, ls=":")
+    a.legend()
+    fig.suptitle(f"ckptless_hpc benchmarks ({res['mode']}, {res['date']}, {res['machine']['cores']} CPU cores)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":  # python -m bench.report [bench/results/latest.json]: the Markdown table
+    import json
+    import sys
+
+    src = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "results" / "latest.json")
+    print(markdown(json.loads(src.read_text(encoding="utf-8"))))

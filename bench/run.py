@@ -1,0 +1,454 @@
+"""``python -m bench [--quick] [--results DIR]``: every benchmark of issue 5, side by side in one run.
+
+B1 recovery downtime (kill, hang) at two model sizes vs a real checkpoint-restart baseline;
+B2 the same kill under TorchFT (optional package); B3 steady-state step time vs plain DDP;
+B4 peer state transfer vs raw loopback TCP; B5 downtime at 2, 4, 8 workers; B6 goodput with
+failures every ``interval`` seconds, locally for both systems and extrapolated to 1k-100k GPUs
+by ``ckptless_hpc.sim``. Prints a table; writes ``DIR/latest.json`` and ``DIR/latest.png``.
+Run directories of every job go to ``DIR/tmp`` (not committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+if __package__ in (None, ""):  # python bench/run.py
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "bench"
+
+from ckptless_hpc import sim  # noqa: E402
+
+from . import ckpt_restart, report, torchft_bench, transfer  # noqa: E402
+from .common import REPO, SIZES, BenchError, JobRun, cpu_per_step, lm_params, machine_info, median, run_ckptless, task_overrides  # noqa: E402
+from .plan import PLANS, Plan  # noqa: E402
+
+DEFAULT_RESULTS = REPO / "bench" / "results"
+
+# Recovery timings run without the background refill of the spare pool: on one 2-core machine
+# the refill's process start (import torch, build the model) competes with the first step after
+# the recovery, which a cluster runs on another node (docs/benchmarks.md, "Problems found").
+NO_REFILL = ["cluster.refill_spares=false"]
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _f(x: Any) -> Optional[float]:
+    """A JSON-safe number: NaN and infinities become null."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+class Bench:
+    def __init__(self, plan: Plan, tmp: Path) -> None:
+        self.plan = plan
+        self.tmp = tmp
+        self.runs: Dict[tuple, List[JobRun]] = {}
+        self.n = 0
+
+    # ---------------------------------------------------------------- jobs, cached by config
+    def job(self, label: str, overrides: List[str], reps: int = 1, sample_cpu: bool = False) -> List[JobRun]:
+        """``reps`` runs of a ckptless_hpc job; an identical config asked twice is run once."""
+        key = tuple(sorted(overrides))
+        have = self.runs.setdefault(key, [])
+        while len(have) < reps:
+            self.n += 1
+            run_dir = self.tmp / f"{self.n:02d}-{label}"
+            shutil.rmtree(run_dir, ignore_errors=True)
+            t0 = time.monotonic()
+            have.append(run_ckptless(run_dir, overrides, sample_cpu=sample_cpu))
+            log(f"  {label}: {time.monotonic() - t0:.0f}s ({run_dir.name})")
+        return have[:reps]
+
+    def rundir(self, label: str) -> Path:
+        self.n += 1
+        d = self.tmp / f"{self.n:02d}-{label}"
+        shutil.rmtree(d, ignore_errors=True)
+        return d
+
+    # ---------------------------------------------------------------- B3: steady state
+    def b3(self) -> Dict[str, Any]:
+        p = self.plan
+        log(f"B3 steady state: {p.b3_size} model, 2 workers, {p.b3_steps} steps, {p.b3_reps} back-to-back pairs")
+        ft_missing = torchft_bench.available()
+        ck_iv, ck_in, ddp_iv, ddp_in, ft_iv, ratios = [], [], [], [], [], []
+        cpu = {"ckptless_ranks": [], "ckptless_all": [], "ddp_ranks": []}
+        for rep in range(p.b3_reps):
+            j = self.job("b3-ckptless", task_overrides(p.b3_size) + [f"train.steps={p.b3_steps}"], rep + 1, sample_cpu=True)[rep]
+            t0 = time.monotonic()
+            b = ckpt_restart.run_baseline(self.rundir("b3-ddp"), p.b3_size, 2, p.b3_steps, 0, [], sample_cpu=True)
+            log(f"  b3-ddp: {time.monotonic() - t0:.0f}s")
+            ck_iv += j.step_intervals()
+            ck_in += j.step_times()
+            ddp_iv += b.step_intervals()
+            ddp_in += [e["step_s"] for e in b.steps_log if e["step"] > 5]
+            ratios.append(median(j.step_intervals()) / median(b.step_intervals()))
+            ck_t = [e["time"] for e in j.of("step")]
+            cpu["ckptless_ranks"].append(cpu_per_step(j.cpu_samples, ck_t, _active_rank))
+            cpu["ckptless_all"].append(cpu_per_step(j.cpu_samples, ck_t, lambda cmd: True))
+            cpu["ddp_ranks"].append(cpu_per_step(b.cpu_samples, [e["t"] for e in b.steps_log], lambda cmd: "bench.plain_worker" in cmd))
+            if ft_missing is None and p.b3_torchft and rep < 2:
+                t0 = time.monotonic()
+                f = torchft_bench.run_torchft(self.rundir("b3-torchft"), p.b3_size, 2, p.b3_steps, None, -1)
+                log(f"  b3-torchft: {time.monotonic() - t0:.0f}s")
+                ft_iv += f.step_intervals()
+        ck, ddp = median(ck_iv), median(ddp_iv)
+        cpu_med = {k: median(v) for k, v in cpu.items()}
+        out = {
+            "size": p.b3_size,
+            "params": lm_params(p.b3_size),
+            "world": 2,
+            "steps": p.b3_steps,
+            "reps": p.b3_reps,
+            "ckptless_step_s": ck,
+            "ddp_step_s": ddp,
+            # the median over back-to-back pairs of (ckptless / DDP): robust to load drifting between pairs
+            "overhead_pct": 100.0 * (median(ratios) - 1.0),
+            "pair_ratios": ratios,
+            "pooled_overhead_pct": 100.0 * (ck / ddp - 1.0),
+            "ckptless_in_step_s": median(ck_in),
+            "ddp_in_step_s": median(ddp_in),
+            "cpu_s_per_step": cpu_med,
+            "cpu_overhead_ranks_pct": 100.0 * (cpu_med["ckptless_ranks"] / cpu_med["ddp_ranks"] - 1.0),
+            "cpu_overhead_all_pct": 100.0 * (cpu_med["ckptless_all"] / cpu_med["ddp_ranks"] - 1.0),
+            "torchft_step_s": median(ft_iv) if ft_iv else None,
+            "torchft_overhead_pct": 100.0 * (median(ft_iv) / ddp - 1.0) if ft_iv else None,
+        }
+        log(
+            f"  ckptless {1e3 * ck:.1f} ms/step, DDP {1e3 * ddp:.1f} ms/step: overhead {out['overhead_pct']:+.1f}% (pairs {[round(r, 3) for r in ratios]}); "
+            f"CPU per step: ranks {out['cpu_overhead_ranks_pct']:+.1f}%, with coordinator and spare {out['cpu_overhead_all_pct']:+.1f}% (nan: run too short to sample)"
+        )
+        return out
+
+    # ---------------------------------------------------------------- B4: transfer
+    def b4(self) -> Dict[str, Any]:
+        p = self.plan
+        log(f"B4 transfer: {p.b4_bytes / 1e6:.0f} MB, {p.b4_reps} repetitions")
+        out = transfer.measure(p.b4_bytes, p.b4_reps)
+        log(f"  state transfer {out['state_transfer_gbps']:.2f} GB/s vs raw TCP {out['raw_tcp_gbps']:.2f} GB/s ({100 * out['fraction_of_loopback']:.0f}%)")
+        return out
+
+    # ---------------------------------------------------------------- B1: recovery vs restart
+    def b1(self, b4: Dict[str, Any]) -> Dict[str, Any]:
+        points = []
+        for pt in self.plan.b1:
+            log(f"B1 {pt.size}: ckptless kill + hang (fault at step {pt.fault_step}), checkpoint-restart (K={pt.ckpt_every}, kill at step {pt.base_fault_step})")
+            base = task_overrides(pt.size) + NO_REFILL + [f"train.steps={pt.steps}"]
+            kills = self.job(f"b1-{pt.size}-kill", base + ["fault=kill_worker", "fault.rank=1", f"fault.step={pt.fault_step}"], pt.reps)
+            hangs = self.job(f"b1-{pt.size}-hang", base + ["fault=hang", "fault.rank=1", f"fault.step={pt.fault_step}"], pt.reps)
+            restarts = []
+            for _ in range(pt.reps):
+                t0 = time.monotonic()
+                d = self.rundir(f"b1-{pt.size}-restart")
+                r = ckpt_restart.run_baseline(d, pt.size, 2, pt.base_steps, pt.ckpt_every, [{"rank": 1, "step": pt.base_fault_step}])
+                (d / "ckpt.pt").unlink(missing_ok=True)
+                log(f"  b1-{pt.size}-restart: {time.monotonic() - t0:.0f}s")
+                restarts.append(r)
+            points.append(self._b1_point(pt, kills, hangs, restarts, b4))
+        return {"points": points}
+
+    def _b1_point(self, pt, kills: List[JobRun], hangs: List[JobRun], restarts: list, b4: Dict[str, Any]) -> Dict[str, Any]:
+        def phases(runs: List[JobRun]) -> Dict[str, float]:
+            recs = [r.summary["recoveries"][0] for r in runs]
+            keys = ("downtime_s", "detect_s", "reconfigure_s", "transfer_s", "resume_s", "bytes_transferred")
+            return {k: median(rec[k] for rec in recs) for k in keys}
+
+        fails = [r.failures[0] for r in restarts]
+        cr = {k: median(getattr(f, k) for f in fails) for k in ("downtime_s", "detect_s", "stop_s", "restart_s", "load_s", "first_step_s")}
+        cr["lost_steps"] = median(f.lost_steps for f in fails)
+        cr["save_s"] = median(s for r in restarts for s in r.save_s)
+        step_s = median(iv for r in kills for iv in r.step_intervals(skip=1))
+        kill, hang = phases(kills), phases(hangs)
+        bw = b4["state_transfer_gbps"] * 1e9
+        bound = 1.0 + kill["bytes_transferred"] / bw
+        out = {
+            "size": pt.size,
+            "params": lm_params(pt.size),
+            "state_bytes": kill["bytes_transferred"],
+            "step_s": step_s,
+            "reps": pt.reps,
+            "kill": kill,
+            "hang": hang,
+            "ckpt_restart": cr,
+            "ckpt_every": pt.ckpt_every,
+            "lost_work_s": cr["lost_steps"] * step_s,
+            "ratio_kill": cr["downtime_s"] / kill["downtime_s"],
+            # time lost beyond the step that had to be computed anyway (downtime - one step)
+            "kill_recovery_s": kill["detect_s"] + kill["reconfigure_s"] + kill["transfer_s"],
+            # (never below the recovery phases themselves, when the first step beat the median)
+            "ckptless_lost_s": max(kill["downtime_s"] - step_s, kill["detect_s"] + kill["reconfigure_s"] + kill["transfer_s"]),
+            "ckpt_restart_lost_s": cr["downtime_s"] - step_s,
+            "target_bound_s": bound,
+            "kill_net_of_step_s": kill["downtime_s"] - step_s,
+        }
+        out["ratio_lost_time"] = out["ckpt_restart_lost_s"] / out["ckptless_lost_s"]
+        log(
+            f"  {pt.size}: ckptless kill {kill['downtime_s']:.2f}s, hang {hang['downtime_s']:.2f}s; checkpoint-restart {cr['downtime_s']:.2f}s "
+            f"(restart {cr['restart_s']:.2f}s, {cr['lost_steps']:.0f} steps redone): ratio {out['ratio_kill']:.1f}x"
+        )
+        return out
+
+    # ---------------------------------------------------------------- B5: scaling
+    def b5(self) -> Dict[str, Any]:
+        p = self.plan
+        log(f"B5 scaling: {p.b5_size} model, workers {p.b5_nodes}, kill rank 1 at step {p.b5_fault_step}")
+        runs: Dict[int, List[JobRun]] = {n: [] for n in p.b5_nodes}
+        for rep in range(p.b5_reps):  # alternate the sizes so that load drifts hit all of them
+            for n in p.b5_nodes:
+                runs[n] = self.job(f"b5-n{n}", self._b5_overrides(n), rep + 1)
+        rows = []
+        for n in p.b5_nodes:
+            recs = [r.summary["recoveries"][0] for r in runs[n]]
+            step = median(iv for r in runs[n] for iv in r.step_intervals(skip=1))
+            row = {k: median(rec[k] for rec in recs) for k in ("downtime_s", "detect_s", "reconfigure_s", "transfer_s", "resume_s")}
+            row.update(workers=n, step_s=step, recovery_excl_resume_s=row["detect_s"] + row["reconfigure_s"] + row["transfer_s"])
+            row["downtime_steps"] = row["downtime_s"] / step  # in units of this world's own step time
+            rows.append(row)
+        lo, hi = rows[0], rows[-1]
+        out = {
+            "size": p.b5_size,
+            "rows": rows,
+            "growth_pct": 100.0 * (hi["downtime_s"] / lo["downtime_s"] - 1.0),
+            "growth_excl_resume_pct": 100.0 * (hi["recovery_excl_resume_s"] / lo["recovery_excl_resume_s"] - 1.0),
+            "step_growth_pct": 100.0 * (hi["step_s"] / lo["step_s"] - 1.0),
+            "growth_in_steps_pct": 100.0 * (hi["downtime_steps"] / lo["downtime_steps"] - 1.0),
+            "from_to": [lo["workers"], hi["workers"]],
+        }
+        log(f"  downtime {lo['downtime_s']:.3f}s at {lo['workers']} -> {hi['downtime_s']:.3f}s at {hi['workers']} workers ({out['growth_pct']:+.0f}%)")
+        return out
+
+    def _b5_overrides(self, n: int) -> List[str]:
+        p = self.plan
+        nodes = [] if n == 2 else [f"cluster.nodes={n}"]  # 2 is the default: shares runs with B1/B2
+        return task_overrides(p.b5_size) + NO_REFILL + nodes + [f"train.steps={p.b5_steps}", "fault=kill_worker", "fault.rank=1", f"fault.step={p.b5_fault_step}"]
+
+    # ---------------------------------------------------------------- B2: TorchFT
+    def b2(self, b3: Dict[str, Any]) -> Dict[str, Any]:
+        p = self.plan
+        missing = torchft_bench.available()
+        if missing is not None:
+            log(f"B2 skipped: torchft not installed ({missing})")
+            return {"status": "skipped: torchft not installed", "reason": missing}
+        log(f"B2 TorchFT: {p.b2_size} model, 2 replicas, kill replica 1 at step {p.b2_fault_step}")
+        ours = self.job("b2-ckptless-kill", task_overrides(p.b2_size) + NO_REFILL + [f"train.steps={p.b2_steps}", "fault=kill_worker", "fault.rank=1", f"fault.step={p.b2_fault_step}"], p.b2_reps)
+        recs, pre_fault = [], []
+        for _ in range(p.b2_reps):
+            t0 = time.monotonic()
+            r = torchft_bench.run_torchft(self.rundir("b2-torchft-kill"), p.b2_size, 2, p.b2_steps, 1, p.b2_fault_step)
+            log(f"  b2-torchft-kill: {time.monotonic() - t0:.0f}s")
+            recs.append(r.recovery)
+            pre_fault += r.step_intervals()
+        ft = {k: median(r[k] for r in recs) for k in recs[0] if k != "t_fail"}
+        ck = median(r.summary["recoveries"][0]["downtime_s"] for r in ours)
+        over = b3.get("torchft_overhead_pct")
+        if over is None and p.b2_size == b3["size"] and pre_fault:
+            over = 100.0 * (median(pre_fault) / b3["ddp_step_s"] - 1.0)  # quick mode: no separate TorchFT run in B3
+        out = {
+            "status": "ok",
+            "size": p.b2_size,
+            "torchft": ft,
+            "ckptless_downtime_s": ck,
+            "ratio": ft["downtime_s"] / ck,
+            "torchft_overhead_pct": over,
+            "ckptless_overhead_pct": b3.get("overhead_pct") if p.b2_size == b3["size"] else None,
+        }
+        log(f"  TorchFT {ft['downtime_s']:.2f}s vs ckptless {ck:.3f}s: {out['ratio']:.0f}x")
+        return out
+
+    # ---------------------------------------------------------------- B6: goodput
+    def b6(self, b3: Dict[str, Any]) -> Dict[str, Any]:
+        p = self.plan
+        n, interval = p.b6_failures, p.b6_interval_s
+        step_ck = b3["ckptless_step_s"] if p.b6_size == p.b3_size else None
+        step_ddp = b3["ddp_step_s"] if p.b6_size == p.b3_size else None
+        if step_ck is None:
+            raise BenchError(f"B6 needs the step time of {p.b6_size}: make b6_size equal to b3_size")
+        steps = int(round(n * interval / step_ck))
+        fault_steps = [int(round((i + 0.5) * interval / step_ck)) for i in range(n)]
+        ranks = [1 if i % 2 == 0 else 0 for i in range(n)]
+        log(f"B6 goodput: {p.b6_size} model, {steps} steps, a kill every {interval:.0f}s (steps {fault_steps}), {n} hot spares")
+        sched = ",".join(f"{{kind:kill_worker,rank:{r},step:{s}}}" for r, s in zip(ranks[1:], fault_steps[1:]))
+        ov = task_overrides(p.b6_size) + [
+            f"train.steps={steps}", "fault=kill_worker", f"fault.rank={ranks[0]}", f"fault.step={fault_steps[0]}",
+            f"fault.schedule=[{sched}]", f"cluster.spare_nodes={n}", "cluster.refill_spares=false",
+        ]
+        j = self.job("b6-ckptless", ov, 1)[0]
+        ck_steps = [{"step": e["step"], "t": e["time"]} for e in j.of("step")]
+        ck = ckpt_restart.goodput(ck_steps, j.step_intervals())
+        save_s = _measure_save_s(p.b6_size)
+        k = max(1, int(round(sim.young_interval_s(save_s, interval) / step_ddp)))
+        base_faults = [{"rank": r, "step": s} for r, s in zip(ranks, fault_steps)]
+        t0 = time.monotonic()
+        d = self.rundir("b6-restart")
+        base = ckpt_restart.run_baseline(d, p.b6_size, 2, steps, k, base_faults)
+        (d / "ckpt.pt").unlink(missing_ok=True)
+        log(f"  b6-restart: {time.monotonic() - t0:.0f}s")
+        cr = ckpt_restart.goodput(base.steps_log, base.step_intervals(without_saves=True))
+        out = {
+            "size": p.b6_size,
+            "interval_s": interval,
+            "failures": n,
+            "steps": steps,
+            "fault_steps": fault_steps,
+            "ckptless": dict(ck, summary_goodput=j.summary["goodput"], recoveries=len(j.summary["recoveries"])),
+            "ckpt_restart": dict(cr, ckpt_every=k, save_s=save_s, failures=len(base.failures)),
+        }
+        log(f"  goodput ckptless {100 * ck['goodput']:.1f}% vs checkpoint-restart {100 * cr['goodput']:.1f}% (K={k})")
+        return out
+
+    # ---------------------------------------------------------------- B6: at scale
+    def b6_sim(self, b1: Dict[str, Any], b3: Dict[str, Any], b5: Dict[str, Any]) -> Dict[str, Any]:
+        pt = b1["points"][-1]  # the largest model measured
+        rows = b5["rows"]
+        doublings = math.log2(rows[-1]["workers"] / rows[0]["workers"])
+        per_doubling = max(0.0, (rows[-1]["reconfigure_s"] - rows[0]["reconfigure_s"]) / doublings) if doublings > 0 else 0.0
+        costs = sim.Costs(
+            detect_s=pt["hang"]["detect_s"],  # a crashed node says nothing: heartbeat detection
+            reconfigure_s=pt["kill"]["reconfigure_s"],
+            transfer_s=pt["kill"]["transfer_s"],
+            resume_s=pt["kill"]["resume_s"],
+            steady_overhead=max(0.0, b3["overhead_pct"] / 100.0),
+            save_s=max(pt["ckpt_restart"]["save_s"], 1e-3),
+            restart_s=pt["ckpt_restart"]["restart_s"],  # kill -> every rank ready again; Daly's model adds the redone work
+            group_init_per_doubling_s=per_doubling,
+            ref_gpus=2,
+        )
+        points = sim.sweep(costs, self.plan.sim_gpus)
+        at16k = sim.compare(16384, costs)
+        log("B6 at scale (ckptless_hpc.sim, Llama 3 failure rate):\n" + sim.format_table(points))
+        return {"source_size": pt["size"], "costs": costs.__dict__, "points": [q.as_dict() for q in points], "at_16k": at16k.as_dict()}
+
+
+def _active_rank(cmd: str) -> bool:
+    """A worker process of the two initial ranks (nodes local0, local1), not the spare."""
+    return "ckptless_hpc.worker" in cmd and ("--node local0 " in cmd or "--node local1 " in cmd)
+
+
+def _measure_save_s(size: str) -> float:
+    """Median time of a durable torch.save of the model + AdamW state of ``size`` (3 tries)."""
+    import tempfile
+
+    import torch
+
+    from ckptless_hpc.config import OptimConfig
+    from ckptless_hpc.tasks.lm import LMTask
+
+    from .plain_worker import save_checkpoint
+
+    task = LMTask(**SIZES[size])
+    model = task.build_model()
+    opt = task.build_optimizer(model, OptimConfig())
+    model(torch.zeros(1, 4, dtype=torch.long)).sum().backward()
+    opt.step()  # creates the AdamW moments
+    times = []
+    with tempfile.TemporaryDirectory() as d:
+        for _ in range(3):
+            t0 = time.monotonic()
+            save_checkpoint(f"{d}/ckpt.pt", 1, model, opt)
+            times.append(time.monotonic() - t0)
+    return median(times)
+
+
+def headline(res: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    b1p = res["b1"]["points"][0]
+    b2 = res["b2"]
+    return {
+        "b1_downtime_s": _f(b1p["kill"]["downtime_s"]),
+        "b1_ratio_vs_ckpt_restart": _f(b1p["ratio_kill"]),
+        "b2_ratio_vs_torchft": _f(b2["ratio"]) if b2.get("status") == "ok" else None,
+        "b3_overhead_pct": _f(res["b3"]["overhead_pct"]),
+        "b4_transfer_fraction_of_loopback": _f(res["b4"]["fraction_of_loopback"]),
+        "b5_growth_pct_2_to_8": _f(res["b5"]["growth_pct"]),
+        "b6_goodput_local": _f(res["b6"]["ckptless"]["goodput"]),
+        "b6_goodput_sim_16k": _f(res["b6_sim"]["at_16k"]["checkpointless_goodput"]),
+    }
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, float):
+        return _f(x)
+    return x
+
+
+SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim")
+
+
+def _write(res: Dict[str, Any], results: Path) -> None:
+    res = _clean(res)
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "latest.json").write_text(json.dumps(res, indent=2) + "\n", encoding="utf-8")
+    chart = report.chart(res, results / "latest.png")
+    print(report.table(res))
+    print(f"\nwrote {results / 'latest.json'}" + (f" and {chart}" if chart else " (no chart: matplotlib not installed; pip install -e '.[bench]')"))
+
+
+def _resim(results: Path, plan: Plan) -> int:
+    """Re-derive the pure parts (simulation, headline, table, chart) from saved measurements."""
+    res = json.loads((results / "latest.json").read_text(encoding="utf-8"))
+    plan = PLANS[res.get("mode", plan.name)]
+    res["b6_sim"] = Bench(plan, results / "tmp").b6_sim(res["b1"], res["b3"], res["b5"])
+    res.update(headline(res))
+    res["resimulated"] = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "command": "python -m bench --resim"}
+    _write(res, results)
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the CI smoke: tiny sizes, one repetition, a few minutes")
+    ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help=f"results folder (default {DEFAULT_RESULTS.relative_to(REPO)})")
+    ap.add_argument("--resim", action="store_true", help="measure nothing: recompute the simulation (B6 at scale), table and chart from DIR/latest.json")
+    args = ap.parse_args(argv)
+    plan = PLANS["quick" if args.quick else "full"]
+    results = args.results.resolve()
+    if args.resim:
+        return _resim(results, plan)
+    tmp = results / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    command = "python -m bench" + (" --quick" if args.quick else "") + ("" if results == DEFAULT_RESULTS else f" --results {args.results}")
+    t_start = time.monotonic()
+    res: Dict[str, Any] = {
+        "mode": plan.name,
+        "command": command,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        "sizes": {k: dict(v, params=lm_params(k)) for k, v in SIZES.items()},
+    }
+    log(f"{plan.name} run; results in {results}")
+    b = Bench(plan, tmp)
+    steps: Dict[str, Callable[[], Dict[str, Any]]] = {
+        "b4": b.b4,
+        "b3": b.b3,
+        "b1": lambda: b.b1(res["b4"]),
+        "b5": b.b5,
+        "b2": lambda: b.b2(res["b3"]),
+        "b6": lambda: b.b6(res["b3"]),
+        "b6_sim": lambda: b.b6_sim(res["b1"], res["b3"], res["b5"]),
+    }
+    for name in SECTIONS:
+        res[name] = steps[name]()
+    res["elapsed_s"] = time.monotonic() - t_start
+    res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    res.update(headline(res))
+    _write(res, results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""The benchmark harness still works: ``python -m bench --quick`` into a temporary folder.
+
+Benchmarks are not timed tests: nothing here asserts a duration or a ratio, only that every
+section ran, that the JSON holds the keys issue 5 asks for and that each number is finite.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = (
+    "b1_downtime_s", "b1_ratio_vs_ckpt_restart", "b2_ratio_vs_torchft", "b3_overhead_pct",
+    "b4_transfer_fraction_of_loopback", "b5_growth_pct_2_to_8", "b6_goodput_local", "b6_goodput_sim_16k",
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+
+def test_quick_harness_writes_finite_results(tmp_path):
+    p = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--results", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=580,
+    )
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    res = json.loads((tmp_path / "latest.json").read_text())
+    for key in ("machine", "command", "date"):
+        assert res[key], key
+    assert res["command"].startswith("python -m bench --quick")
+    for key in KEYS:
+        assert key in res, key
+        if key == "b2_ratio_vs_torchft" and res["b2"]["status"] != "ok":
+            assert res[key] is None
+            assert res["b2"]["status"] == "skipped: torchft not installed"
+            assert "skipped: torchft not installed" in p.stdout
+            continue
+        assert isinstance(res[key], (int, float)) and math.isfinite(res[key]), (key, res[key])
+    assert 0 < res["b6_goodput_local"] <= 1 and 0 < res["b6_goodput_sim_16k"] <= 1
+    assert res["b1"]["points"][0]["kill"]["bytes_transferred"] > 0
+    assert "B1 kill" in p.stdout and "B6 simulated" in p.stdout
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / "latest.png").stat().st_size > 10_000
