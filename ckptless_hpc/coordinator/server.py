@@ -90,6 +90,7 @@ class Coordinator:
         self.step_log: Dict[int, Dict[str, Any]] = {}
         self.recoveries: List[Recovery] = []
         self.resuming: Optional[Recovery] = None
+        self.refills_due = 0
         self.fatal: Optional[str] = None
         self.stopping = False
         self.reform_requested = False
@@ -242,6 +243,9 @@ class Coordinator:
         if r is not None and r.target_step is not None and step > r.target_step:
             r.t_resumed = now
             self.resuming = None
+            for _ in range(self.refills_due):
+                asyncio.ensure_future(self._refill())
+            self.refills_due = 0
             rep = r.report()
             self._emit("resumed", rec, step=step, downtime_s=rep["downtime_s"])
             log.info(
@@ -516,9 +520,9 @@ class Coordinator:
         self._emit(
             "reformed", step=plan.target_step, world=self.world, replacements=rec.replacements, bytes=rec.bytes_transferred, ranks={str(r): w for r, w in self.ranks.items()}
         )
-        if c.refill_spares:
-            for _ in plan.promoted:
-                asyncio.ensure_future(self._refill())
+        # refill once the first step after the recovery is committed: a process start must not
+        # compete with that step where nodes share cores (local), and the pool is not needed sooner
+        self.refills_due += len(plan.promoted) if c.refill_spares else 0
         return None
 
     async def _refill(self) -> None:
