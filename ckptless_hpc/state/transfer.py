@@ -33,6 +33,32 @@ HANDSHAKE_TIMEOUT_S = 10.0
 _DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
 
 
+SLICE = 8 << 20  # bytes hashed and sent (or received) at a time, overlapped
+
+
+class _Hasher:
+    """xxh3-64 over a stream of slices, each hashed in a helper thread (xxhash releases the GIL)
+    while the caller moves the next one; updates stay in order, one outstanding at a time."""
+
+    def __init__(self) -> None:
+        self._digest = xxhash.xxh3_64()
+        self._pending: Optional[threading.Thread] = None
+
+    def update(self, data: memoryview) -> None:
+        self._wait()
+        self._pending = threading.Thread(target=self._digest.update, args=(data,), daemon=True)
+        self._pending.start()
+
+    def _wait(self) -> None:
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+
+    def hexdigest(self) -> str:
+        self._wait()
+        return self._digest.hexdigest()
+
+
 class StaleState(Exception):
     """The source does not hold the requested (generation, step)."""
 
@@ -116,18 +142,19 @@ class StateServer:
             conn.settimeout(None)
             header = [{"name": n, "dtype": str(t.dtype), "shape": list(t.shape)} for n, t in entries]
             _send_big(conn, {"type": "state", "entries": header, "meta": meta})
-            digest = xxhash.xxh3_64()
+            digest = _Hasher()
             for i, (_, t) in enumerate(entries):
-                mv = byte_view(t)
-                digest.update(mv)
+                mv = wire = byte_view(t)
                 if damage and i == 0:  # injected fault: the bytes on the wire differ from the state
                     if damage[0] == "truncate":
                         conn.sendall(mv[: len(mv) // 2])
                         return
                     bad = bytearray(mv)
                     bad[len(bad) // 2] ^= 0xFF
-                    mv = memoryview(bad)
-                conn.sendall(mv)
+                    wire = memoryview(bad)
+                for off in range(0, len(mv), SLICE):
+                    digest.update(mv[off : off + SLICE])  # hashed in a thread while this slice is sent
+                    conn.sendall(wire[off : off + SLICE])
             protocol.send_msg(conn, {"type": "end", "xxh3_64": digest.hexdigest()})
         except (protocol.ProtocolError, ConnectionError, OSError, ValueError, KeyError, TypeError) as e:
             self.refused += 1
@@ -176,7 +203,7 @@ def fetch_state(host: str, port: int, secret: str, gen: int, step: int, timeout_
         if head["type"] == "refused":
             raise TransferError(f"source {host}:{port} refused: {head.get('reason')}")
         entries: Entries = []
-        digest = xxhash.xxh3_64()
+        digest = _Hasher()
         nbytes = 0
         for e in head["entries"]:
             dtype = _DTYPES.get(e["dtype"])
@@ -184,13 +211,15 @@ def fetch_state(host: str, port: int, secret: str, gen: int, step: int, timeout_
                 raise TransferError(f"unsupported dtype {e['dtype']} for {e['name']}")
             t = arena.take(e["shape"], dtype) if arena is not None else torch.empty(e["shape"], dtype=dtype)
             mv = byte_view(t)
-            got = 0
-            while got < len(mv):
-                k = sock.recv_into(mv[got:])
-                if k == 0:
-                    raise TransferError(f"transfer truncated in {e['name']} after {nbytes + got} bytes")
-                got += k
-            digest.update(mv)
+            for off in range(0, len(mv), SLICE):
+                part = mv[off : off + SLICE]
+                got = 0
+                while got < len(part):
+                    k = sock.recv_into(part[got:])
+                    if k == 0:
+                        raise TransferError(f"transfer truncated in {e['name']} after {nbytes + off + got} bytes")
+                    got += k
+                digest.update(part)  # hashed in a thread while the next slice arrives
             nbytes += len(mv)
             entries.append((e["name"], t))
         trailer = protocol.recv_msg(sock)

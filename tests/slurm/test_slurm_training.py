@@ -46,12 +46,24 @@ def _event(run_dir: Path, pred: Callable[[Dict], bool], what: str, within_s: flo
     return _wait(what, lambda: next((e for e in _events(run_dir) if pred(e)), None), within_s)
 
 
+_SUBMITTED: List[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _cancel_leftovers():
+    """A failed test must not leave a job holding the cluster's nodes (a headless job runs on)."""
+    yield
+    while _SUBMITTED:
+        subprocess.run(["scancel", _SUBMITTED.pop()], capture_output=True, timeout=20, check=False)
+
+
 def _submit(run_dir: Path, *overrides: str) -> str:
     cmd = [sys.executable, "-m", "ckptless_hpc", "cluster=slurm", f"hydra.run.dir={run_dir}", *overrides]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "submitted Slurm job" in p.stdout
-    return json.loads((run_dir / "job.json").read_text())["job_id"]
+    _SUBMITTED.append(json.loads((run_dir / "job.json").read_text())["job_id"])
+    return _SUBMITTED[-1]
 
 
 def _finished(job_id: str, run_dir: Path, within_s: float = 180) -> Dict:
@@ -141,6 +153,7 @@ def test_sbatch_template(slurm_env, tmp_path, baseline):
         capture_output=True, text=True, timeout=30, env=env, cwd=tmp_path, check=True,
     )
     job = p.stdout.strip()
+    _SUBMITTED.append(job)
     s = _finished(job, tmp_path / "run")
     assert s["status"] == "completed" and s["job"] == job
     assert s["final_state_sha256"] == baseline(*cfg)
@@ -155,6 +168,7 @@ def test_sweep_submits_one_job_per_point(slurm_env, tmp_path):
     table = [line.split() for line in p.stdout.splitlines() if line.strip() and line.split()[0].isdigit()]
     assert len(table) == 2, p.stdout
     hashes = set()
+    _SUBMITTED.extend(row[0] for row in table)
     for job, run_dir, *overrides in table:
         s = _finished(job, Path(run_dir), within_s=240)
         assert s["status"] == "completed", s
