@@ -522,7 +522,7 @@ class Coordinator:
         )
         # refill once the first step after the recovery is committed: a process start must not
         # compete with that step where nodes share cores (local), and the pool is not needed sooner
-        self.refills_due += len(plan.promoted) if c.refill_spares else 0
+        self.refills_due += len(rec.replacements) if c.refill_spares else 0
         return None
 
     async def _refill(self) -> None:

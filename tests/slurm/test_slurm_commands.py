@@ -163,7 +163,7 @@ def test_rendered_script_with_hostile_paths_runs_and_gets_the_signal(submit: Cal
     out_dir.mkdir(parents=True)
     flag = tmp_path / "got USR2"
     shape = SlurmShape(job_name="it's a \"test\"; job", nodes=1, time_min=5, output_dir=str(out_dir),
-                       setup=[f"echo \"setup ran; nodes=$SLURM_JOB_NUM_NODES\" 'quoted; ok'"])
+                       setup=["echo \"setup ran; nodes=$SLURM_JOB_NUM_NODES\" 'quoted; ok'"])
     python = (
         "import pathlib, signal, sys, time\n"
         "flag = pathlib.Path(sys.argv[1])\n"
