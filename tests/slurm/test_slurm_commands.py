@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from ckpt_testlib import wait_for
 
 from ckptless_hpc.slurm import commands, render
 from ckptless_hpc.slurm.env import expand_nodelist
@@ -37,15 +37,6 @@ def submit(slurm_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., 
         subprocess.run(["scancel", *job_ids], capture_output=True, timeout=20, check=False)
 
 
-def _wait(what: str, condition: Callable[[], object], within_s: float) -> object:
-    deadline = time.monotonic() + within_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def _node_state(node: str) -> str:
@@ -54,7 +45,7 @@ def _node_state(node: str) -> str:
 
 
 def _running(job_id: str, within_s: float = 30) -> None:
-    _wait(f"job {job_id} RUNNING", lambda: commands.job_state(job_id) == "RUNNING", within_s)
+    wait_for(f"job {job_id} RUNNING", lambda: commands.job_state(job_id) == "RUNNING", within_s)
 
 
 def _step_running(job_id: str, step: str = "0") -> None:
@@ -62,11 +53,11 @@ def _step_running(job_id: str, step: str = "0") -> None:
         out = subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], capture_output=True, text=True,
                              timeout=10).stdout
         return f"{job_id}.{step}" in out.split()
-    _wait(f"step {job_id}.{step}", listed, 30)
+    wait_for(f"step {job_id}.{step}", listed, 30)
 
 
 def _idle(node: str) -> None:
-    _wait(f"{node} idle", lambda: _node_state(node) == "idle", 60)
+    wait_for(f"{node} idle", lambda: _node_state(node) == "idle", 60)
 
 
 # ---- tests ------------------------------------------------------------------------------
@@ -95,7 +86,7 @@ def test_live_nodes_job_state_and_worker_step(submit: Callable[..., str], tmp_pa
     subprocess.run(argv, timeout=60, check=True)
     assert log.read_text().split() == [nodes[1], nodes[1]]
     subprocess.run(["scancel", job], timeout=20, check=True)
-    _wait("job to end", lambda: commands.job_state(job) in ("CANCELLED", "COMPLETED"), 30)
+    wait_for("job to end", lambda: commands.job_state(job) in ("CANCELLED", "COMPLETED"), 30)
     assert commands.live_nodes(job) == []  # squeue no longer lists it
     assert commands.job_state("999999") is None
 
@@ -150,7 +141,7 @@ def test_requeue_then_update_pending_job_excludes_a_node(submit: Callable[..., s
     first = commands.live_nodes(job)
     commands.requeue(job)
     commands.update_pending_job(job, exclude=[first[0]], num_nodes=2, start_in_s=2)
-    _wait("the restarted batch script", lambda: out.exists() and len(out.read_text().splitlines()) >= 2, 60)
+    wait_for("the restarted batch script", lambda: out.exists() and len(out.read_text().splitlines()) >= 2, 60)
     restart, nodelist = out.read_text().splitlines()[1].split()
     assert restart == "1"
     assert first[0] not in commands.live_nodes(job)
@@ -175,9 +166,9 @@ def test_rendered_script_with_hostile_paths_runs_and_gets_the_signal(submit: Cal
     job = submit(script=render.sbatch_script(shape, [sys.executable, "-c", python, str(flag)]))
     _running(job)
     log = out_dir / f"coordinator-{job}.out"
-    _wait("the coordinator's first line", lambda: log.exists() and "coordinator up" in log.read_text(), 30)
+    wait_for("the coordinator's first line", lambda: log.exists() and "coordinator up" in log.read_text(), 30)
     subprocess.run(render.scancel_signal_argv(job, "USR2"), timeout=20, check=True)
-    _wait("USR2 at the batch-resident python", flag.exists, 30)
+    wait_for("USR2 at the batch-resident python", flag.exists, 30)
     text = log.read_text()
     assert "setup ran; nodes=1 quoted; ok" in text
     show = subprocess.run(render.scontrol_show_job_argv(job), capture_output=True, text=True, timeout=10).stdout

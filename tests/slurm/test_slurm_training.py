@@ -11,11 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Dict, List
 
 import pytest
+from ckpt_testlib import wait_for
 
 from ckptless_hpc.slurm import commands
 
@@ -31,19 +31,10 @@ def _events(run_dir: Path) -> List[Dict]:
         return []
 
 
-def _wait(what: str, cond: Callable[[], object], within_s: float) -> object:
-    deadline = time.monotonic() + within_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within_s}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def _event(run_dir: Path, pred: Callable[[Dict], bool], what: str, within_s: float = 120) -> Dict:
-    return _wait(what, lambda: next((e for e in _events(run_dir) if pred(e)), None), within_s)
+    return wait_for(what, lambda: next((e for e in _events(run_dir) if pred(e)), None), within_s)
 
 
 _SUBMITTED: List[str] = []
@@ -67,7 +58,7 @@ def _submit(run_dir: Path, *overrides: str) -> str:
 
 
 def _finished(job_id: str, run_dir: Path, within_s: float = 180) -> Dict:
-    _wait(f"job {job_id} to leave the queue", lambda: commands.job_state(job_id) not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"), within_s)
+    wait_for(f"job {job_id} to leave the queue", lambda: commands.job_state(job_id) not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"), within_s)
     return json.loads((run_dir / "summary.json").read_text())
 
 
