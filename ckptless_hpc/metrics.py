@@ -42,7 +42,6 @@ class Recovery:
     t_detect: float
     replacements: Dict[str, str] = field(default_factory=dict)  # rank -> worker
     target_step: Optional[int] = None
-    t_planned: Optional[float] = None
     t_ready: Optional[float] = None
     t_resumed: Optional[float] = None
     transfer_s: float = 0.0
@@ -61,7 +60,7 @@ class Recovery:
             resume_s=round((self.t_resumed - self.t_ready) if self.t_resumed and self.t_ready else 0.0, 4),
             downtime_s=round((self.t_resumed - self.t_fail) if self.t_resumed else 0.0, 4),
         )
-        for k in ("t_fail", "t_detect", "t_planned", "t_ready", "t_resumed"):
+        for k in ("t_fail", "t_detect", "t_ready", "t_resumed"):
             d.pop(k)
         return d
 

@@ -54,11 +54,6 @@ class Progress:
         elif snap.step % self.log_every == 0 or snap.step == self.total:
             log.info(snap.line())
 
-    def note(self, text: str) -> None:
-        """A line that must stay visible (failures, recoveries) above the bar."""
-        if self._bar is not None:
-            self._bar.write(text)
-
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

@@ -227,11 +227,6 @@ def rank_history(events: Sequence[Event]) -> Dict[int, List[Tuple[int, str]]]:
     return history
 
 
-def current_ranks(events: Sequence[Event]) -> Dict[int, str]:
-    """rank -> worker of the latest generation."""
-    return {r: h[-1][1] for r, h in rank_history(events).items()}
-
-
 def worker_pids(events: Sequence[Event]) -> Dict[str, int]:
     return {str(e["worker"]): int(e["pid"]) for e in events if e.get("event") == "worker_connected" and e.get("pid") is not None}
 

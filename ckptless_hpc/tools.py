@@ -76,36 +76,14 @@ class SlurmQueue:
 
     def states(self, job_ids: Sequence[str]) -> Dict[str, str]:
         """job id -> state (PENDING, RUNNING, ...) for the jobs squeue still lists."""
-        if not job_ids:
-            return {}
         from .slurm import commands
 
-        try:
-            done = commands.run(squeue_states_argv(job_ids))
-        except commands.SlurmCommandError as e:
-            if "Invalid job id" in e.stderr:  # none of them is known any more
-                return {}
-            raise
-        return parse_squeue_states(done.stdout)
+        return commands.job_states([_check_job_id(j) for j in job_ids])
 
     def cancel(self, job_id: str) -> None:
         from .slurm import commands
 
-        commands.run(["scancel", _check_job_id(job_id)])
-
-
-def squeue_states_argv(job_ids: Sequence[str]) -> List[str]:
-    """One squeue call for many jobs (pure). ``%i %T`` = job id and state."""
-    return ["squeue", "--noheader", f"--jobs={','.join(_check_job_id(j) for j in job_ids)}", "--format=%i %T"]
-
-
-def parse_squeue_states(out: str) -> Dict[str, str]:
-    states = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) >= 2:
-            states[parts[0].split("_")[0]] = parts[1]
-    return states
+        commands.cancel_job(_check_job_id(job_id))
 
 
 def _check_job_id(job_id: str) -> str:

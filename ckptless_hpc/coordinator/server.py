@@ -164,7 +164,7 @@ class Coordinator:
             self.launcher.register(wid, hello)
             self._emit("worker_connected", rec, pid=rec.pid, slurm_step=hello.get("slurm_step"))
             await self._store_ready.wait()
-            self._send(rec, {"type": "config", "worker_id": wid, "job": self.job_id, "config": OmegaConf.to_container(self.cfg, resolve=True), "store": self.store_addr, "run_dir": self.run_dir, "spare": rec.role == "spare"})
+            self._send(rec, {"type": "config", "job": self.job_id, "config": OmegaConf.to_container(self.cfg, resolve=True), "store": self.store_addr, "run_dir": self.run_dir, "spare": rec.role == "spare"})
             for queued in rec.outbox:
                 self._send(rec, queued)
             rec.outbox.clear()
@@ -489,7 +489,7 @@ class Coordinator:
             if plan is None:
                 self._emit("no_spare", reason=reason)
                 return await self._save_and_requeue(reason, survivors, held_steps)
-            rec.target_step, rec.t_planned = plan.target_step, self.clock()
+            rec.target_step = plan.target_step
             for r, w in plan.promoted.items():
                 self.active_nodes.add(self.workers[w].node)
                 self._emit("spare_promoted", self.workers[w], rank=r, step=plan.target_step)

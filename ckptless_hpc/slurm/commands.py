@@ -85,6 +85,24 @@ def requeue(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
     run(render.scontrol_requeue_argv(job_id), timeout_s=timeout_s, env=env)
 
 
+def job_states(job_ids: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S,
+               env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """job id -> state for every job squeue still lists, in one call ({} when it knows none)."""
+    if not job_ids:
+        return {}
+    try:
+        done = run(render.squeue_states_argv(job_ids), timeout_s=timeout_s, env=env)
+    except SlurmCommandError as e:
+        if "Invalid job id" in e.stderr:
+            return {}
+        raise
+    return render.parse_squeue_states(done.stdout)
+
+
+def cancel_job(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> None:
+    run(render.scancel_argv(job_id), timeout_s=timeout_s, env=env)
+
+
 def job_state(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
               env: Mapping[str, str] | None = None) -> str | None:
     """PENDING, RUNNING, COMPLETING, COMPLETED, ...; None when Slurm no longer knows it.

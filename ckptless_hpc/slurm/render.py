@@ -340,6 +340,26 @@ def squeue_nodes_argv(job_id: str) -> list[str]:
     return ["squeue", "--noheader", f"--jobs={_check_job_id(job_id)}", "--format=%N"]
 
 
+def squeue_states_argv(job_ids: Sequence[str]) -> list[str]:
+    """The states of many jobs in one squeue call (``%i %T``: job id and state)."""
+    return ["squeue", "--noheader", f"--jobs={','.join(_check_job_id(j) for j in job_ids)}", "--format=%i %T"]
+
+
+def parse_squeue_states(out: str) -> dict[str, str]:
+    """``squeue_states_argv`` output -> job id (array suffix dropped) -> state."""
+    states = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            states[parts[0].split("_")[0]] = parts[1]
+    return states
+
+
+def scancel_argv(job_id: str) -> list[str]:
+    """Cancel a whole job."""
+    return ["scancel", _check_job_id(job_id)]
+
+
 def squeue_state_argv(job_id: str) -> list[str]:
     """The job's state (``%T``: PENDING, RUNNING, COMPLETING, ...)."""
     return ["squeue", "--noheader", f"--jobs={_check_job_id(job_id)}", "--format=%T"]

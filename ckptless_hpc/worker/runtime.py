@@ -105,7 +105,6 @@ class Worker:
         if msg is None or msg.get("type") != "config":
             log.error("expected the config from the coordinator, got %r", msg)
             exit_now(EXIT_STARTUP_ERROR)
-        self.worker_id = msg["worker_id"]
         self.run_dir = msg.get("run_dir")
         self.hot_spare = bool(msg.get("spare"))
         self.ctx["job"] = msg.get("job", "-")

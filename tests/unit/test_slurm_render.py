@@ -237,3 +237,11 @@ def test_argv_errors_name_field_value_and_hint(call, field: str) -> None:
         call()
     message = str(info.value)
     assert field in message and "HINT" in message
+
+
+def test_job_states_in_one_squeue_call() -> None:
+    assert render.squeue_states_argv(["12", "13"]) == ["squeue", "--noheader", "--jobs=12,13", "--format=%i %T"]
+    assert render.parse_squeue_states("12 RUNNING\n13_4 PENDING\n\n") == {"12": "RUNNING", "13": "PENDING"}
+    assert render.scancel_argv("12") == ["scancel", "12"]
+    with pytest.raises(ValueError):
+        render.squeue_states_argv(["12; rm -rf /"])
