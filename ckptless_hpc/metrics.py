@@ -60,8 +60,8 @@ class Recovery:
             resume_s=round((self.t_resumed - self.t_ready) if self.t_resumed and self.t_ready else 0.0, 4),
             downtime_s=round((self.t_resumed - self.t_fail) if self.t_resumed else 0.0, 4),
         )
-        for k in ("t_fail", "t_detect", "t_ready", "t_resumed"):
-            d.pop(k)
+        for k in ("t_fail", "t_detect", "t_ready", "t_resumed"):  # wall-clock anchors, for reports and charts
+            d[k] = None if d[k] is None else round(d[k], 6)
         return d
 
 

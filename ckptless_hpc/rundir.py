@@ -404,7 +404,9 @@ def _from_summary(events: Sequence[Event], recs: List[Dict[str, Any]]) -> List[R
     views = []
     for i, r in enumerate(recs):
         ev = reformed.get(r["gen"])
-        if ev is not None:
+        if r.get("t_fail") is not None:  # the coordinator's own anchor
+            t_fail = float(r["t_fail"])
+        elif ev is not None:  # summaries written before the anchors were kept
             t_ready = float(ev["time"])
             t_fail = t_ready - r["transfer_s"] - r["reconfigure_s"] - r["detect_s"]
         else:  # no event to anchor on: use the failure detection of this recovery
