@@ -17,8 +17,13 @@ class EventLog:
         self._clock = clock
         self.t0 = clock()
 
-    def emit(self, event: str, *, gen: Optional[int] = None, rank: Optional[int] = None, node: Optional[str] = None, step: Optional[int] = None, **fields: Any) -> Dict[str, Any]:
-        now = self._clock()
+    def emit(
+        self, event: str, *, gen: Optional[int] = None, rank: Optional[int] = None, node: Optional[str] = None, step: Optional[int] = None,
+        at: Optional[float] = None, **fields: Any,
+    ) -> Dict[str, Any]:
+        """Append one event; ``at`` is when it happened (default now), so that an event and the
+        figures computed from the same instant carry one time."""
+        now = self._clock() if at is None else at
         rec = {"event": event, "time": round(now, 6), "t": round(now - self.t0, 6), "job": self.job, "gen": gen, "rank": rank, "node": node, "step": step}
         rec.update(fields)
         self._f.write(json.dumps(rec, separators=(",", ":"), default=str) + "\n")

@@ -39,13 +39,16 @@ def run_job(run_dir: Path, *overrides: str, timeout_s: float = 240, env: Dict[st
     return JobResult(p.returncode, p.stdout + p.stderr, run_dir)
 
 
-def wait_for(what: str, condition: Callable[[], object], within_s: float, poll_s: float = 0.1) -> object:
-    """Poll ``condition`` until it returns something truthy (returned), or fail naming ``what``."""
+def wait_for(
+    what: str, condition: Callable[[], object], within_s: float, poll_s: float = 0.1, diagnose: Callable[[], str] | None = None
+) -> object:
+    """Poll ``condition`` until it returns something truthy (returned), or fail naming ``what``
+    (with what ``diagnose`` says about the state of things at that moment)."""
     deadline = time.monotonic() + within_s
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within_s} s waiting for {what}")
+            raise AssertionError(f"timed out after {within_s} s waiting for {what}" + (f"\n{diagnose()}" if diagnose else ""))
         time.sleep(poll_s)

@@ -141,13 +141,13 @@ class Coordinator:
         except (ConnectionError, RuntimeError) as e:
             log.warning("send to %s failed: %s", rec.wid, e)
 
-    def _emit(self, event: str, rec: Optional[WorkerRec] = None, **kw: Any) -> None:
+    def _emit(self, event: str, rec: Optional[WorkerRec] = None, **kw: Any) -> Dict[str, Any]:
         if rec is not None:
             kw.setdefault("rank", rec.rank)
             kw.setdefault("node", rec.node)
             kw.setdefault("worker", rec.wid)
         kw.setdefault("gen", self.gen)
-        self.events.emit(event, **kw)
+        return self.events.emit(event, **kw)
 
     # ------------------------------------------------------------------ network
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -216,9 +216,9 @@ class Coordinator:
             self._emit("transfer_error", rec, source=msg.get("source"), error=msg.get("error"))
         elif kind == "fault":
             self.faults_done.add(int(msg["index"]))
-            self.fault_times.append(self.clock())
+            ev = self._emit("fault_injected", rec, step=msg.get("step"), kind=msg.get("kind"), index=msg.get("index"), pid=msg.get("pid"))
+            self.fault_times.append(ev["time"])  # the recovery's t_fail is this event's time
             self._persist()
-            self._emit("fault_injected", rec, step=msg.get("step"), kind=msg.get("kind"), index=msg.get("index"), pid=msg.get("pid"))
         elif kind == "done":
             self._g(int(msg["gen"])).done[rec.wid] = msg
         elif kind == "saved":
@@ -233,7 +233,7 @@ class Coordinator:
         step = int(msg["step"])
         now = self.clock()
         self.step_log[step] = {"loss": msg["loss"], "step_s": msg["step_s"], "t": now, "gen": msg.get("gen")}
-        self._emit("step", rec, step=step, loss=msg["loss"], lr=msg.get("lr"), step_s=msg["step_s"])
+        self._emit("step", rec, step=step, loss=msg["loss"], lr=msg.get("lr"), step_s=msg["step_s"], at=now)
         f = spare_fault_due(self.faults, self.faults_done | self._injected, step)
         spare = next((w for w in self.workers.values() if w.role == "spare" and w.writer is not None), None)
         if f is not None and spare is not None:
@@ -247,7 +247,7 @@ class Coordinator:
                 asyncio.ensure_future(self._refill())
             self.refills_due = 0
             rep = r.report()
-            self._emit("resumed", rec, step=step, downtime_s=rep["downtime_s"])
+            self._emit("resumed", rec, step=step, downtime_s=rep["downtime_s"], at=now)
             log.info(
                 "recovered: downtime %.2fs (detect %.2f, reconfigure %.2f, transfer %.2f, resume %.2f)",
                 rep["downtime_s"], rep["detect_s"], rep["reconfigure_s"], rep["transfer_s"], rep["resume_s"],
@@ -281,17 +281,18 @@ class Coordinator:
         """A worker is gone (exit, lost connection, silence). Idempotent."""
         if rec.role == "dead" or self.stopping:
             return
+        t_detect = self.clock()
         was = rec.role
         rec.role = "dead"
         if rec.writer is not None:
             rec.writer.close()
         self.launcher.kill_worker(rec.wid)
-        self._emit("failure_detected", rec, reason=reason, role=was)
+        self._emit("failure_detected", rec, reason=reason, role=was, at=t_detect)
         log.warning("worker %s (node %s, rank %s, %s) failed: %s", rec.wid, rec.node, rec.rank, was, reason)
         if self._t_train is None and was == "active":
             self.fatal = self.fatal or f"worker {rec.wid} on node {rec.node} died during start-up: {reason}\n{self._log_tail(rec.wid)}"
         elif was == "active":
-            self.pending[rec.wid] = (reason, self.clock())
+            self.pending[rec.wid] = (reason, t_detect)
         else:
             self._exclude(rec.node, f"spare {rec.wid} failed: {reason}")
             asyncio.ensure_future(self._refill())
@@ -518,7 +519,8 @@ class Coordinator:
         self.recoveries.append(rec)
         self.resuming = rec
         self._emit(
-            "reformed", step=plan.target_step, world=self.world, replacements=rec.replacements, bytes=rec.bytes_transferred, ranks={str(r): w for r, w in self.ranks.items()}
+            "reformed", step=plan.target_step, world=self.world, replacements=rec.replacements, bytes=rec.bytes_transferred, ranks={str(r): w for r, w in self.ranks.items()},
+            at=rec.t_ready,
         )
         # refill once the first step after the recovery is committed: a process start must not
         # compete with that step where nodes share cores (local), and the pool is not needed sooner

@@ -34,7 +34,25 @@ def _events(run_dir: Path) -> List[Dict]:
 
 
 def _event(run_dir: Path, pred: Callable[[Dict], bool], what: str, within_s: float = 120) -> Dict:
-    return wait_for(what, lambda: next((e for e in _events(run_dir) if pred(e)), None), within_s)
+    return wait_for(what, lambda: next((e for e in _events(run_dir) if pred(e)), None), within_s, diagnose=lambda: _diagnose(run_dir))
+
+
+def _diagnose(run_dir: Path) -> str:
+    """What Slurm and the run say when a wait times out (CI shows only the failure)."""
+    out = []
+    for argv in (["squeue", "-a", "-o", "%i %T %r %N %B"], ["sinfo", "-N", "-o", "%N %T %E"], ["scontrol", "-o", "show", "job"]):
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+            out.append(f"$ {' '.join(argv)}\n{(p.stdout + p.stderr).strip()}")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            out.append(f"$ {' '.join(argv)}: {e}")
+    ev = _events(run_dir)
+    out.append("last events:\n" + "\n".join(json.dumps(e) for e in ev[-12:] if e.get("event") != "step"))
+    for log in sorted(run_dir.glob("*.log")) + sorted(run_dir.glob("logs/*.log")) + sorted(run_dir.glob("submitit/*.err")):
+        lines = log.read_text(errors="replace").splitlines()
+        if lines:
+            out.append(f"--- {log.relative_to(run_dir)} (last 8 lines)\n" + "\n".join(lines[-8:]))
+    return "\n".join(out)[-12000:]
 
 
 _SUBMITTED: List[str] = []
@@ -58,7 +76,12 @@ def _submit(run_dir: Path, *overrides: str) -> str:
 
 
 def _finished(job_id: str, run_dir: Path, within_s: float = 180) -> Dict:
-    wait_for(f"job {job_id} to leave the queue", lambda: commands.job_state(job_id) not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"), within_s)
+    wait_for(
+        f"job {job_id} to leave the queue",
+        lambda: commands.job_state(job_id) not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"),
+        within_s,
+        diagnose=lambda: _diagnose(run_dir),
+    )
     return json.loads((run_dir / "summary.json").read_text())
 
 
@@ -174,7 +197,8 @@ def test_batch_host_lost_workers_save_and_requeue(slurm_env, tmp_path, baseline,
     _past_step(tmp_path, 40)
     batch_host = subprocess.run(["squeue", "-h", "-j", job, "-o", "%B"], capture_output=True, text=True, check=True).stdout.strip()
     try:
-        slurm_cluster.crash_node(batch_host)
+        (tmp_path / "ps-before-crash.txt").write_text(subprocess.run(["ps", "-eo", "pid,ppid,stat,args"], capture_output=True, text=True).stdout)
+        (tmp_path / "crash.log").write_text(slurm_cluster.crash_node(batch_host))  # what was killed, for _diagnose
         restarted = _event(tmp_path, lambda e: e["event"] == "generation_started" and e.get("resumed_from"), "the requeued run", within_s=240)
     finally:
         slurm_cluster.start_node(batch_host)

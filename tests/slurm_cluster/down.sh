@@ -72,9 +72,19 @@ crash_node() {  # crash_node NAME
   local n=$1 dpid stepds all
   dpid=$(pid_of "$RUN/slurmd-$n.pid" slurmd || true)
   stepds=$(stepds_of "$n")
-  # freeze first, so nothing forks, reparents or reports while we collect the tree
+  # Freeze the whole tree before killing any of it: nothing may act on a sibling's death in
+  # between. srun forks a shepherd that cancels its step (on the *other* node) when srun dies
+  # by SIGKILL; on a real crash the shepherd dies in the same instant, so it must never get
+  # to run here either. Re-walk until no process appears (a live parent may fork meanwhile).
   [ -n "$dpid$stepds" ] && kill -STOP $dpid $stepds 2>/dev/null
+  local prev="" i
   all="$dpid $(descendants $stepds | sort -un | tr '\n' ' ')"
+  for i in 1 2 3 4 5; do
+    [ "$all" = "$prev" ] && break
+    kill -STOP $all 2>/dev/null
+    prev=$all
+    all="$dpid $(descendants $stepds | sort -un | tr '\n' ' ')"
+  done
   if [ -z "${all// /}" ]; then log "$n: nothing running"; return 0; fi
   kill -KILL $all 2>/dev/null
   log "$n crashed at $(date +%s.%N): slurmd=${dpid:-none} slurmstepd=[$(echo $stepds)] all=[$(echo $all)]"
