@@ -27,6 +27,7 @@ class TrainConfig:
     seed: int = 0  # all data, RNG and init derive from (seed, step, rank)
     threads: int = 1  # torch intra-op threads per worker (fixed: results depend on it)
     log_every: int = 10  # console line every N steps (events.jsonl gets every step)
+    console_rank: Optional[int] = 0  # whose log lines the console echoes next to the coordinator's (null: none)
 
 
 @dataclass
@@ -174,6 +175,14 @@ def validation_errors(cfg: Any) -> List[str]:
     need(t.steps >= 1, "train.steps", t.steps, "must be >= 1", "set train.steps=100")
     need(t.threads >= 1, "train.threads", t.threads, "must be >= 1", "set train.threads=1")
     need(t.log_every >= 1, "train.log_every", t.log_every, "must be >= 1", "set train.log_every=10")
+    world = c.nodes * c.workers_per_node
+    need(
+        t.console_rank is None or world < 1 or 0 <= t.console_rank < world,  # world < 1: reported above
+        "train.console_rank",
+        t.console_rank,
+        f"must be a rank of the job (0..{world - 1}) or null",
+        "set train.console_rank=0, or train.console_rank=null to show only the coordinator",
+    )
     need(t.seed >= 0, "train.seed", t.seed, "must be >= 0", "use a non-negative integer seed")
     o = cfg.optim
     need(o.lr > 0, "optim.lr", o.lr, "must be > 0", "e.g. optim.lr=3e-4")

@@ -1,7 +1,8 @@
 """Live progress of a job: a tqdm bar on a terminal, plain periodic log lines otherwise.
 
 Shown by the coordinator: in the terminal that launched a local run, in the coordinator's log
-(and the job's output file) on Slurm, where lines keep the log readable.
+(and the job's output file) on Slurm, where lines keep the log readable. The console also
+echoes one rank's own log lines (``train.console_rank``), read from its log file.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 log = logging.getLogger("ckptless_hpc.progress")
 
@@ -54,7 +55,49 @@ class Progress:
         elif snap.step % self.log_every == 0 or snap.step == self.total:
             log.info(snap.line())
 
+    def echo(self, lines: List[str]) -> None:
+        """Print a worker's log lines on the console, above the bar when there is one."""
+        if not lines:
+            return
+        if self._bar is not None:
+            for line in lines:
+                self._bar.write(line, file=sys.stdout)
+        else:
+            sys.stdout.write("".join(line + "\n" for line in lines))
+            sys.stdout.flush()
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+class LogTail:
+    """The complete lines appended to a log file since the last read. A new path (the rank moved
+    to a replacement worker) gives the old file's last lines, then the new one from its top."""
+
+    def __init__(self, max_bytes: int = 1 << 20) -> None:
+        self.path: Optional[str] = None
+        self.offset = 0
+        self.partial = b""
+        self.max_bytes = max_bytes
+
+    def read(self, path: Optional[str]) -> List[str]:
+        lines: List[str] = []
+        if path != self.path:
+            lines += self._new_lines()  # what the previous holder wrote before it was replaced
+            self.path, self.offset, self.partial = path, 0, b""
+        return lines + self._new_lines()
+
+    def _new_lines(self) -> List[str]:
+        if self.path is None:
+            return []
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read(self.max_bytes)
+        except OSError:
+            return []  # not written yet
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        return [line.decode("utf-8", errors="replace").rstrip("\r") for line in lines]

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from .. import protocol
 from ..config import fault_list
 from ..metrics import EventLog, Recovery, goodput
-from ..progress import Progress, Snapshot
+from ..progress import LogTail, Progress, Snapshot
 from ..faults import faults_from_config, spare_fault_due
 from .detector import silent_workers, stragglers
 from .planner import Spare, initial_ranks, plan_recovery
@@ -103,6 +103,7 @@ class Coordinator:
         self._waiters: List["asyncio.Future[None]"] = []
         self._t_start = clock()
         self.progress = Progress(cfg.train.steps, cfg.train.log_every)
+        self.console_tail = LogTail()
         self._t_train: Optional[float] = None
 
     # ------------------------------------------------------------------ helpers
@@ -282,6 +283,8 @@ class Coordinator:
         if rec.role == "dead" or self.stopping:
             return
         t_detect = self.clock()
+        if rec.rank is not None and rec.rank == self.cfg.train.console_rank:
+            self._echo_once()  # its last lines (a traceback, say) before the rank moves on
         was = rec.role
         rec.role = "dead"
         if rec.writer is not None:
@@ -392,14 +395,28 @@ class Coordinator:
         self._store_ready.set()
         self._persist()
         watch = asyncio.ensure_future(self._heartbeat_watch())
+        echo = asyncio.ensure_future(self._echo_console_rank())
         try:
             code = await self._main()
         finally:
             self.stopping = True
             watch.cancel()
+            echo.cancel()
             await self._shutdown()
+            self._echo_once()  # the rank's last lines, written while it stopped
             server.close()
         return code
+
+    async def _echo_console_rank(self) -> None:
+        while not self.stopping:
+            await asyncio.sleep(0.25)
+            self._echo_once()
+
+    def _echo_once(self) -> None:
+        """Copy the new log lines of the worker now holding ``train.console_rank`` to the console."""
+        r = self.cfg.train.console_rank
+        wid = self.ranks.get(r) if r is not None else None
+        self.progress.echo(self.console_tail.read(self.launcher.log_path(wid) if wid else None))
 
     async def _main(self) -> int:
         c = self.cfg.cluster

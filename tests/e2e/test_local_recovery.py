@@ -62,6 +62,8 @@ def test_kill_worker_default_task(job, baseline):
     kinds = [e["event"] for e in res.events]
     for k in ("fault_injected", "failure_detected", "generation_bumped", "spare_promoted", "state_transferred", "reformed", "resumed"):
         assert k in kinds, k
+    # the console shows the coordinator and rank 0's own log lines (train.console_rank), not rank 1's
+    assert "rank=0 node=local0 step=" in res.out and "rank=1 node=local1" not in res.out
 
 
 def test_kill_node(job, baseline):
@@ -92,6 +94,9 @@ def test_two_faults_in_one_run(job, baseline):
     assert [r["failed_ranks"] for r in recs] == [[1], [0]]
     assert res.summary["faults_fired"] == [0, 1]
     assert res.of("spare_launched"), "the spare pool was not refilled"
+    # the console followed rank 0 from its hung worker to the replacement
+    new_rank0 = recs[1]["replacements"]["0"]
+    assert f"rank=0 node={new_rank0.split('.')[0]} step=" in res.out, res.out[-3000:]
 
 
 def test_no_spare_left_stops_cleanly_and_saves_state(job):

@@ -40,6 +40,7 @@ def test_slurm_group_switches_schema():
         ("train.steps=0", "train.steps=0"),
         ("cluster.heartbeat_timeout_s=0.1", "cluster.heartbeat_timeout_s=0.1"),
         ("optim.lr=-1", "optim.lr=-1"),
+        ("train.console_rank=2", "train.console_rank=2: must be a rank of the job (0..1) or null"),
     ],
 )
 def test_each_bad_value_is_named_with_a_hint(override, needle):
