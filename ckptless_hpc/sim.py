@@ -64,14 +64,14 @@ class Costs:
     CLI flags: at scale, restart and checkpoint costs are far larger than on one machine.
     """
 
-    detect_s: float = 3.12  # checkpointless: failure -> detected (heartbeat timeout: a dead node sends nothing)
-    reconfigure_s: float = 0.09  # checkpointless: plan, abort survivors, re-form the group
-    transfer_s: float = 0.78  # checkpointless: state of the failed ranks pulled from a peer (1.19 GB)
-    resume_s: float = 2.37  # checkpointless: the first step after the recovery (redoes the in-flight step)
-    steady_overhead: float = 0.0  # checkpointless: step-time overhead vs plain DDP (fraction; B3 measured +0.2%)
-    save_s: float = 2.91  # checkpoint-restart: blocking checkpoint write (C), torch.save + fsync of 1.19 GB
-    restart_s: float = 5.45  # checkpoint-restart: failure -> every rank relaunched, group formed, checkpoint loaded (R)
-    group_init_per_doubling_s: float = 0.015  # added to reconfigure and restart per doubling beyond ref_gpus (B5)
+    detect_s: float = 3.00  # checkpointless: failure -> detected (heartbeat timeout: a dead node sends nothing)
+    reconfigure_s: float = 0.08  # checkpointless: plan, abort survivors, re-form the group
+    transfer_s: float = 0.58  # checkpointless: state of the failed ranks pulled from a peer (1.19 GB)
+    resume_s: float = 1.03  # checkpointless: the first step after the recovery (redoes the in-flight step)
+    steady_overhead: float = 0.0  # checkpointless: step-time overhead vs plain DDP (fraction; B3 measured +0.1%)
+    save_s: float = 3.23  # checkpoint-restart: blocking checkpoint write (C), torch.save + fsync of 1.19 GB
+    restart_s: float = 5.28  # checkpoint-restart: failure -> every rank relaunched, group formed, checkpoint loaded (R)
+    group_init_per_doubling_s: float = 0.007  # added to reconfigure and restart per doubling beyond ref_gpus (B5)
     ref_gpus: int = 2  # world size at which the phases above were measured
 
     def validate(self) -> None:
