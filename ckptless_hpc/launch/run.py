@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import uuid
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from ..coordinator.server import Coordinator
 from ..protocol import new_secret
@@ -16,18 +16,37 @@ from ..protocol import new_secret
 log = logging.getLogger("ckptless_hpc")
 
 
-def setup_logging(run_dir: str, job_id: str) -> None:
-    fmt = logging.Formatter(f"%(asctime)s %(levelname)s job={job_id} %(name)s: %(message)s")
+class JobContext(logging.Filter):
+    """Stamps the coordinator's log records with the job's generation and last committed step
+    (``-`` until training starts), as worker lines carry theirs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.coordinator: Optional[Coordinator] = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        c = self.coordinator
+        gen = c.gen if c is not None and c.gen >= 0 else "-"
+        step = max(c.step_log) if c is not None and c.step_log else "-"
+        record.gen, record.step = gen, step
+        return True
+
+
+def setup_logging(run_dir: str, job_id: str) -> JobContext:
+    """Console + ``coordinator.log``; set the returned filter's ``coordinator`` once it exists."""
+    fmt = logging.Formatter(f"%(asctime)s %(levelname)s job={job_id} gen=%(gen)s step=%(step)s %(name)s: %(message)s")
+    context = JobContext()
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
     console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(fmt)
     logfile = logging.FileHandler(os.path.join(run_dir, "coordinator.log"))
-    logfile.setFormatter(fmt)
-    root.addHandler(console)
-    root.addHandler(logfile)
+    for h in (console, logfile):
+        h.setFormatter(fmt)
+        h.addFilter(context)
+        root.addHandler(h)
     root.setLevel(logging.INFO)
+    return context
 
 
 def run_local(cfg: Any, run_dir: str) -> int:
@@ -35,10 +54,10 @@ def run_local(cfg: Any, run_dir: str) -> int:
 
     os.makedirs(run_dir, exist_ok=True)
     job_id = f"local-{uuid.uuid4().hex[:8]}"
-    setup_logging(run_dir, job_id)
+    context = setup_logging(run_dir, job_id)
     secret = new_secret()
     launcher = LocalLauncher.from_config(cfg, run_dir, secret)
-    coord = Coordinator(cfg, run_dir, launcher, secret, job_id)
+    coord = context.coordinator = Coordinator(cfg, run_dir, launcher, secret, job_id)
 
     async def main() -> int:
         loop = asyncio.get_running_loop()

@@ -126,7 +126,7 @@ class SlurmJob:
         env = SlurmEnvironment()
         job_id = env.require_job_id()
         os.makedirs(self.run_dir, exist_ok=True)
-        setup_logging(self.run_dir, job_id)
+        context = setup_logging(self.run_dir, job_id)
         if own_signals:
             # the allocation is the shape: worker nodes from the config, the rest are spares
             allocated = len(commands.live_nodes(job_id))
@@ -136,7 +136,7 @@ class SlurmJob:
         restart = _read_json(os.path.join(self.run_dir, "restart.json")) if env.restart_count > 0 else {}
         secret = new_secret()
         launcher = SlurmLauncher(cfg, self.run_dir, job_id, env, secret)
-        coord = Coordinator(cfg, self.run_dir, launcher, secret, job_id)
+        coord = context.coordinator = Coordinator(cfg, self.run_dir, launcher, secret, job_id)
         if restart:
             coord.restore(restart)
             log.info("restart %d of job %s: resuming from %s, excluded nodes %s", env.restart_count, job_id, restart.get("saved"), restart.get("excluded_nodes"))

@@ -64,6 +64,11 @@ def test_kill_worker_default_task(job, baseline):
         assert k in kinds, k
     # the console shows the coordinator and rank 0's own log lines (train.console_rank), not rank 1's
     assert "rank=0 node=local0 step=" in res.out and "rank=1 node=local1" not in res.out
+    # the coordinator's own lines say which generation and step they are about
+    coord_log = (res.run_dir / "coordinator.log").read_text()
+    failed = next(line for line in coord_log.splitlines() if "worker local1.0" in line and "failed" in line)
+    assert f"job={res.summary['job']} gen=0 step=" in failed, failed
+    assert any(" gen=1 step=" in line and "recovered" in line for line in coord_log.splitlines()), coord_log
 
 
 def test_kill_node(job, baseline):
