@@ -39,6 +39,7 @@ log = logging.getLogger("ckptless_hpc.worker")
 
 EXIT_COORDINATOR_LOST = 17
 EXIT_STARTUP_ERROR = 18
+ORPHANED_SPARE_WAIT_S = 10.0  # a rank claims the last-resort lock at once; a spare acts only if none did
 BUCKET_ELEMS = 4 << 20  # 16 MB of float32 per allreduce
 
 
@@ -84,11 +85,12 @@ class Worker:
         self._stopping = False
         self._orphaned: Optional[str] = None  # the coordinator is gone (Slurm: save and requeue)
         self.run_dir: Optional[str] = None
+        self.on_slurm = False
         self.compute_s: Optional[float] = None  # forward+backward time of the last step (straggler detection)
 
     # ------------------------------------------------------------------ set-up
     def _on_sigterm(self, signum: int, frame: Any) -> None:
-        if self._orphaned:  # Slurm cancels the steps of a job whose batch host died: finish the copy first
+        if self._orphaned and self.rank is not None:  # Slurm may cancel the steps of a headless job: finish the copy first
             log.warning("SIGTERM while writing the last-resort copy: finishing it first (SIGKILL follows after KillWait)")
             return
         exit_now(128 + signum)
@@ -106,6 +108,9 @@ class Worker:
             log.error("expected the config from the coordinator, got %r", msg)
             exit_now(EXIT_STARTUP_ERROR)
         self.run_dir = msg.get("run_dir")
+        # only a job of the Slurm backend saves and requeues when its coordinator is gone: a
+        # local run inside an salloc also sees SLURM_JOB_ID, and must never requeue that job
+        self.on_slurm = msg["config"]["cluster"]["backend"] == "slurm" and bool(SlurmEnvironment().job_id)
         self.hot_spare = bool(msg.get("spare"))
         self.ctx["job"] = msg.get("job", "-")
         # heartbeats start before the (possibly slow) build so that building is not silence
@@ -169,12 +174,14 @@ class Worker:
             exit_now(0)
         if self._orphaned:
             return
-        from ..slurm.env import SlurmEnvironment
-
-        if SlurmEnvironment().job_id and self.run_dir and self.step is not None and self.rank is not None:
+        if self.on_slurm and self.run_dir:
             # Slurm keeps a --no-kill job running after its batch host died: stop training at a
-            # committed step, and let one worker save the state and requeue the job
-            log.error("lost the coordinator (%s): writing the last-resort copy, then requeueing", why)
+            # committed step, and let one rank save the state and requeue the job; a hot spare
+            # (no trained state) requeues only if no rank is left to do it
+            if self.rank is not None and self.step is not None:
+                log.error("lost the coordinator (%s): writing the last-resort copy, then requeueing", why)
+            else:
+                log.error("lost the coordinator (%s): a hot spare; waiting %.0f s for a rank to save and requeue", why, ORPHANED_SPARE_WAIT_S)
             self._orphaned = why
             self._wake.set()
             self.client.inbox.put({"type": "_orphaned"})
@@ -183,43 +190,65 @@ class Worker:
         exit_now(EXIT_COORDINATOR_LOST)
 
     def _last_resort(self) -> None:
-        """Coordinator gone on Slurm: the first worker to claim the lock saves its committed state
-        once, records it for the restart, and requeues the job; every worker then exits."""
-        from ..slurm import commands
+        """Coordinator gone on Slurm: the first rank to claim the lock saves its committed state
+        once, records it for the restart, and requeues the job; every worker then exits. A hot
+        spare claims the lock only when no rank has within ``ORPHANED_SPARE_WAIT_S`` (every rank
+        died with the coordinator): it requeues from the last copy there is, or from step 0."""
         from ..slurm.env import SlurmEnvironment
 
         env = SlurmEnvironment()
         state_dir = os.path.join(self.run_dir, "state")
         os.makedirs(state_dir, exist_ok=True)
+        lock = os.path.join(state_dir, f"last-resort-{env.restart_count}.lock")
+        spare = self.rank is None or self.step is None
+        if spare:
+            deadline = time.monotonic() + ORPHANED_SPARE_WAIT_S
+            while time.monotonic() < deadline and not os.path.exists(lock):
+                time.sleep(0.2)
         try:
-            fd = os.open(os.path.join(state_dir, f"last-resort-{env.restart_count}.lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
-            log.info("another worker writes the last-resort copy")
+            log.info("another worker writes the last-resort copy and requeues")
             exit_now(EXIT_COORDINATOR_LOST)
-        os.write(fd, f"{self.node} {os.getpid()}\n".encode())
+        os.write(fd, f"{self.node} {os.getpid()} {'spare' if spare else f'rank {self.rank}'}\n".encode())
         os.close(fd)
-        saved = self._save(os.path.join(state_dir, "emergency.pt"))
         restart_path = os.path.join(self.run_dir, "restart.json")
         try:
             with open(restart_path, encoding="utf-8") as f:
                 restart = json.load(f)
         except (OSError, ValueError):
             restart = {}
-        restart["saved"] = saved
+        if spare:
+            saved = restart.get("saved")
+            log.error("no rank survived the coordinator: requeueing; the job restarts from %s", f"the copy of step {saved['step']}" if saved else "step 0 (no copy was ever written)")
+        else:
+            saved = restart["saved"] = self._save(os.path.join(state_dir, "emergency.pt"))
+            restart["faults_done"] = sorted(set(restart.get("faults_done", [])) | self.faults_done)
         restart["excluded_nodes"] = sorted(set(restart.get("excluded_nodes", [])) | set(filter(None, [restart.get("batch_node")])))
-        restart["faults_done"] = sorted(set(restart.get("faults_done", [])) | self.faults_done)
         with open(restart_path + ".tmp", "w", encoding="utf-8") as f:
             json.dump(restart, f, indent=2)
         os.replace(restart_path + ".tmp", restart_path)
-        if env.restart_count >= self.cfg.cluster.max_requeues:
-            log.error("not requeueing: already requeued %d time(s) (cluster.max_requeues)", env.restart_count)
-        else:
-            try:
-                commands.requeue(env.require_job_id())
-                log.warning("job %s requeued; it resumes from step %d", env.job_id, saved["step"])
-            except commands.SlurmCommandError as e:
-                log.error("requeue failed: %s", e)
+        self._requeue_or_cancel(env, saved)
         exit_now(EXIT_COORDINATOR_LOST)
+
+    def _requeue_or_cancel(self, env: Any, saved: Optional[Dict[str, Any]]) -> None:
+        """Requeue the headless job; past ``cluster.max_requeues`` cancel it instead, so that it
+        does not hold its allocation with nobody left to train (the copy stays in the run dir)."""
+        from ..slurm import commands
+
+        job_id = env.require_job_id()
+        try:
+            state = commands.job_state(job_id)
+            if state != "RUNNING":  # cancelled, timed out or requeued already: Slurm is ending this run
+                log.warning("job %s is %s: Slurm is already ending this run; not requeueing", job_id, state)
+            elif env.restart_count >= self.cfg.cluster.max_requeues:
+                log.error("not requeueing: already requeued %d time(s) (cluster.max_requeues); cancelling job %s", env.restart_count, job_id)
+                commands.cancel_job(job_id)
+            else:
+                commands.requeue(job_id)
+                log.warning("job %s requeued; it resumes from step %d", job_id, saved["step"] if saved else 0)
+        except commands.SlurmCommandError as e:
+            log.error("requeue/cancel of job %s failed: %s", job_id, e)
 
     def serve_forever(self) -> None:
         while True:

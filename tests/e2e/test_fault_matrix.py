@@ -111,10 +111,13 @@ def _gone(pid: int) -> bool:
 
 
 def test_coordinator_killed_workers_exit_no_orphans(tmp_path):
+    """A local run inside a Slurm allocation (salloc: SLURM_JOB_ID is set) is still a local run:
+    its workers exit, and never write a last-resort copy or requeue the allocation."""
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "ckptless_hpc", f"hydra.run.dir={run_dir}", "task=lm", "train.steps=5000"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "SLURM_JOB_ID": "424242", "SLURM_STEP_ID": "0"},
     )
     try:
         deadline = time.monotonic() + 120
@@ -131,6 +134,7 @@ def test_coordinator_killed_workers_exit_no_orphans(tmp_path):
         while not all(_gone(p) for p in pids):
             assert time.monotonic() < deadline, f"workers outlived their coordinator: {[p for p in pids if not _gone(p)]}"
             time.sleep(0.1)
+        assert not (run_dir / "state").exists()  # no last-resort copy: not a Slurm job
     finally:
         proc.kill()
         proc.wait()

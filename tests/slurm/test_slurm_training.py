@@ -208,6 +208,45 @@ def test_batch_host_lost_workers_save_and_requeue(slurm_env, tmp_path, baseline,
     assert s["status"] == "completed" and s["final_state_sha256"] == baseline(*LM)
 
 
+def test_every_rank_lost_with_the_coordinator_the_spare_requeues(slurm_env, tmp_path, baseline, slurm_cluster):
+    """The batch host (coordinator + rank 0) and rank 1's node crash in one instant: no rank is
+    left to save. The hot spare waits for a rank's last-resort copy, sees none, and requeues
+    the job rather than leave it headless; with no copy ever written it restarts from step 0
+    and still ends with the fault-free hash."""
+    job = _submit(tmp_path, *LM)
+    ranks = _rank_worker_map(tmp_path)
+    _past_step(tmp_path, 40)
+    batch_host = subprocess.run(["squeue", "-h", "-j", job, "-o", "%B"], capture_output=True, text=True, check=True).stdout.strip()
+    workers = sorted({w.split(".")[0] for w in ranks.values()} - {batch_host})
+    try:
+        (tmp_path / "crash.log").write_text(slurm_cluster.crash_node(batch_host, *workers))
+        for node in workers:  # worker nodes come back at once; the batch host stays down (and excluded)
+            slurm_cluster.start_node(node)
+        restarted = wait_for("the requeued run", lambda: _second_run_start(tmp_path), 240, diagnose=lambda: _diagnose(tmp_path))
+    finally:
+        slurm_cluster.start_node(batch_host)
+    assert restarted["resumed_from"] is None and restarted["step"] == 0  # no copy: from the start
+    assert all(not w.startswith(batch_host + ".") for w in restarted["ranks"].values())
+    lock = next((tmp_path / "state").glob("last-resort-0.lock")).read_text()
+    assert " spare" in lock, lock  # claimed by the spare, not by a rank
+    s = _finished(job, tmp_path, within_s=240)
+    assert s["status"] == "completed" and s["final_state_sha256"] == baseline(*LM)
+
+
+def _second_run_start(run_dir: Path) -> Dict | None:
+    """The first generation of the requeued run (after the second job_started)."""
+    events = _events(run_dir)
+    starts = [i for i, e in enumerate(events) if e["event"] == "job_started"]
+    if len(starts) < 2:
+        return None
+    return next((e for e in events[starts[1]:] if e["event"] == "generation_started"), None)
+
+
+def _rank_worker_map(run_dir: Path) -> Dict[int, str]:
+    started = _event(run_dir, lambda e: e["event"] == "generation_started", "generation 0")
+    return {int(r): w for r, w in started["ranks"].items()}
+
+
 def test_no_spare_left_saves_requeues_and_resumes_without_the_bad_node(slurm_env, tmp_path, baseline):
     """Allocation of 2 nodes, no spare: a killed worker leaves nothing to promote. The state is
     saved once, the failed node is drained (so Slurm gives the restarted job another node) and

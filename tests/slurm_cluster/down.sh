@@ -5,9 +5,10 @@
 #                                job process left on its spool dir), slurmctld and munged,
 #                                then remove $CKPTLESS_SLURM_DIR (keep it with
 #                                CKPTLESS_SLURM_KEEP_DIR=1).
-#   down.sh --crash-node NAME..  a hard node failure: SIGSTOP then SIGKILL that node's
-#                                slurmd, its slurmstepd's and every process below them
-#                                (tasks, batch script, sruns). Slurm marks the node DOWN
+#   down.sh --crash-node NAME..  a hard failure of the named nodes, all in one instant:
+#                                SIGSTOP, then SIGKILL, of each one's slurmd, slurmstepd's
+#                                and every process below them (tasks, batch script, sruns,
+#                                srun's shepherds). Slurm marks a crashed node DOWN
 #                                only 14-20 s later (see README.md); bring it back with
 #                                `up.sh --start-node NAME`.
 #
@@ -68,8 +69,8 @@ stepds_of() {
 }
 all_nodes() { { ls "$RUN" 2>/dev/null | sed -n 's/^slurmd-\(.*\)\.pid$/\1/p'; ls "$DIR/spool" 2>/dev/null; } | sort -u; }
 
-crash_node() {  # crash_node NAME
-  local n=$1 dpid stepds all
+freeze_node() {  # freeze_node NAME -> prints the pids of its slurmd, stepds and everything below, all SIGSTOPped
+  local n=$1 dpid stepds all prev="" i
   dpid=$(pid_of "$RUN/slurmd-$n.pid" slurmd || true)
   stepds=$(stepds_of "$n")
   # Freeze the whole tree before killing any of it: nothing may act on a sibling's death in
@@ -77,7 +78,6 @@ crash_node() {  # crash_node NAME
   # by SIGKILL; on a real crash the shepherd dies in the same instant, so it must never get
   # to run here either. Re-walk until no process appears (a live parent may fork meanwhile).
   [ -n "$dpid$stepds" ] && kill -STOP $dpid $stepds 2>/dev/null
-  local prev="" i
   all="$dpid $(descendants $stepds | sort -un | tr '\n' ' ')"
   for i in 1 2 3 4 5; do
     [ "$all" = "$prev" ] && break
@@ -85,16 +85,23 @@ crash_node() {  # crash_node NAME
     prev=$all
     all="$dpid $(descendants $stepds | sort -un | tr '\n' ' ')"
   done
-  if [ -z "${all// /}" ]; then log "$n: nothing running"; return 0; fi
+  log "$n frozen: slurmd=${dpid:-none} slurmstepd=[$(echo $stepds)] all=[$(echo $all)]"
+  echo $all
+}
+
+crash_nodes() {  # crash_nodes NAME... : every named node fails in the same instant
+  local n all=""
+  for n in "$@"; do all="$all $(freeze_node "$n")"; done
+  if [ -z "${all// /}" ]; then log "$*: nothing running"; return 0; fi
   kill -KILL $all 2>/dev/null
-  log "$n crashed at $(date +%s.%N): slurmd=${dpid:-none} slurmstepd=[$(echo $stepds)] all=[$(echo $all)]"
-  wait_gone 5 $all >/dev/null || log "$n: some pids still alive"
+  log "$* crashed at $(date +%s.%N)"
+  wait_gone 5 $all >/dev/null || log "$*: some pids still alive"
 }
 
 if [ "${1:-}" = --crash-node ]; then
   shift; [ $# -ge 1 ] || { log "usage: down.sh --crash-node NAME..."; exit 2; }
   [ -d "$DIR" ] || { log "no cluster at $DIR"; exit 1; }
-  for n in "$@"; do crash_node "$n"; done
+  crash_nodes "$@"
   exit 0
 fi
 

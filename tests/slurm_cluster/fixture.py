@@ -42,9 +42,9 @@ def ensure_cluster(nodes: int = 4) -> dict[str, str]:
     return read_env_sh(cluster_dir() / "env.sh")
 
 
-def crash_node(name: str) -> str:
-    """Hard node failure: SIGKILL the node's slurmd, slurmstepd's and their tasks."""
-    return _must_run([str(DOWN_SH), "--crash-node", name], NODE_TIMEOUT_S)
+def crash_node(*names: str) -> str:
+    """Hard failure of these nodes, in one instant: SIGKILL their slurmd, slurmstepd's and tasks."""
+    return _must_run([str(DOWN_SH), "--crash-node", *names], NODE_TIMEOUT_S)
 
 
 def start_node(name: str) -> str:
