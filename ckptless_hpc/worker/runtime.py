@@ -239,6 +239,10 @@ class Worker:
         job_id = env.require_job_id()
         try:
             state = commands.job_state(job_id)
+        except commands.SlurmCommandError as e:  # cannot tell: act as if it still runs
+            log.warning("could not read the state of job %s (%s); assuming RUNNING", job_id, e)
+            state = "RUNNING"
+        try:
             if state != "RUNNING":  # cancelled, timed out or requeued already: Slurm is ending this run
                 log.warning("job %s is %s: Slurm is already ending this run; not requeueing", job_id, state)
             elif env.restart_count >= self.cfg.cluster.max_requeues:
