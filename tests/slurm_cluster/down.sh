@@ -63,6 +63,13 @@ descendants() {  # descendants PID... -> the pids and all their descendants
     descendants $(ps -o pid= --ppid "$p" 2>/dev/null)
   done
 }
+leaves_first() {  # leaves_first PID... -> the pids and all their descendants, children before parents
+  local p
+  for p in "$@"; do
+    leaves_first $(ps -o pid= --ppid "$p" 2>/dev/null)
+    echo "$p"
+  done
+}
 # slurmstepd's of NODE: every stepd listens on a socket under the node's spool dir
 stepds_of() {
   ss -xlpH 2>/dev/null | grep -F " $DIR/spool/$1/" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -un
@@ -77,15 +84,19 @@ freeze_node() {  # freeze_node NAME -> prints the pids of its slurmd, stepds and
   # between. srun forks a shepherd that cancels its step (on the *other* node) when srun dies
   # by SIGKILL; on a real crash the shepherd dies in the same instant, so it must never get
   # to run here either. Re-walk until no process appears (a live parent may fork meanwhile).
+  # The kill then goes leaves first: a stopped process whose process group is orphaned (its
+  # parent died) gets SIGHUP + SIGCONT from the kernel, and srun answers SIGHUP by cancelling
+  # its step ("srun: forcing job termination"); with children killed before their parents,
+  # every process already has its SIGKILL pending when that could happen.
   [ -n "$dpid$stepds" ] && kill -STOP $dpid $stepds 2>/dev/null
-  all="$dpid $(descendants $stepds | sort -un | tr '\n' ' ')"
+  all="$(leaves_first $stepds | awk '!seen[$0]++' | tr '\n' ' ')$dpid"
   for i in 1 2 3 4 5; do
     [ "$all" = "$prev" ] && break
     kill -STOP $all 2>/dev/null
     prev=$all
-    all="$dpid $(descendants $stepds | sort -un | tr '\n' ' ')"
+    all="$(leaves_first $stepds | awk '!seen[$0]++' | tr '\n' ' ')$dpid"
   done
-  log "$n frozen: slurmd=${dpid:-none} slurmstepd=[$(echo $stepds)] all=[$(echo $all)]"
+  log "$n frozen: slurmd=${dpid:-none} slurmstepd=[$(echo $stepds)] leaves first=[$(echo $all)]"
   echo $all
 }
 
