@@ -20,22 +20,16 @@ import signal
 import sys
 import time
 from datetime import timedelta
-from typing import Any, Dict, List
+from typing import Dict, List
 
 T_START = time.time()  # before torch is imported: the process start cost is part of a restart
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from bench.worker_lib import Events, build_lm  # noqa: E402
 
-class Events:
-    def __init__(self, path: str) -> None:
-        self._f = open(path, "a", encoding="utf-8")
 
-    def emit(self, ev: str, **kw: Any) -> None:
-        kw.update(ev=ev, t=time.time())
-        self._f.write(json.dumps(kw) + "\n")
-        self._f.flush()
 
 
 def save_checkpoint(path: str, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
@@ -63,18 +57,11 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--events", required=True)
     args = p.parse_args(argv)
 
-    from ckptless_hpc.config import OptimConfig
-    from ckptless_hpc.tasks.base import lr_at, mix_seed
-    from ckptless_hpc.tasks.lm import LMTask
+    from ckptless_hpc.tasks.base import seed_step, set_lr
 
     ev = Events(args.events)
     ev.emit("imported", process_start=T_START)
-    torch.set_num_threads(1)
-    task = LMTask(**json.loads(args.task))
-    optim_cfg = OptimConfig()
-    torch.manual_seed(args.seed)
-    model = task.build_model()
-    opt = task.build_optimizer(model, optim_cfg)
+    task, model, opt, optim_cfg = build_lm(args.task, args.seed)
     ev.emit("built")
 
     host, _, port = args.store.rpartition(":")
@@ -98,9 +85,7 @@ def main(argv: List[str] | None = None) -> None:
 
     for step in range(start, args.steps):
         t0 = time.perf_counter()
-        torch.manual_seed(mix_seed(args.seed, step, args.rank))
-        generator = torch.Generator().manual_seed(mix_seed(args.seed, step, args.rank, 1))
-        batch = task.batch(step, args.rank, args.world, generator)
+        batch = task.batch(step, args.rank, args.world, seed_step(args.seed, step, args.rank))
         opt.zero_grad(set_to_none=False)
         loss = task.loss(ddp, batch)
         for f in faults:
@@ -108,9 +93,7 @@ def main(argv: List[str] | None = None) -> None:
                 ev.emit("fault", rank=args.rank, step=step, index=f["index"])
                 os.kill(os.getpid(), signal.SIGKILL)
         loss.backward()  # DDP overlaps the gradient allreduce with the backward pass
-        lr = lr_at(step, lr=optim_cfg.lr, warmup_steps=optim_cfg.warmup_steps, total_steps=args.steps, min_lr_ratio=optim_cfg.min_lr_ratio)
-        for g in opt.param_groups:
-            g["lr"] = lr
+        set_lr(opt, optim_cfg, step, args.steps)
         opt.step()
         step_s = time.perf_counter() - t0
         if args.rank == 0:

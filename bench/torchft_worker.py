@@ -12,7 +12,6 @@ and per-step seeding as a ckptless_hpc worker; same JSONL events as ``bench.plai
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -22,18 +21,11 @@ from typing import Any, List
 
 T_START = time.time()
 
-import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from bench.worker_lib import Events, build_lm  # noqa: E402
 
-class Events:
-    def __init__(self, path: str) -> None:
-        self._f = open(path, "a", encoding="utf-8")
 
-    def emit(self, ev: str, **kw: Any) -> None:
-        kw.update(ev=ev, t=time.time())
-        self._f.write(json.dumps(kw) + "\n")
-        self._f.flush()
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -50,18 +42,11 @@ def main(argv: List[str] | None = None) -> None:
     args = p.parse_args(argv)
 
     import torchft
-    from ckptless_hpc.config import OptimConfig
-    from ckptless_hpc.tasks.base import lr_at, mix_seed
-    from ckptless_hpc.tasks.lm import LMTask
+    from ckptless_hpc.tasks.base import seed_step, set_lr
 
     ev = Events(args.events)
     ev.emit("imported", process_start=T_START)
-    torch.set_num_threads(1)
-    task = LMTask(**json.loads(args.task))
-    optim_cfg = OptimConfig()
-    torch.manual_seed(args.seed)
-    model = task.build_model()
-    opt = task.build_optimizer(model, optim_cfg)
+    task, model, opt, optim_cfg = build_lm(args.task, args.seed)
     ev.emit("built")
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -98,17 +83,13 @@ def main(argv: List[str] | None = None) -> None:
         step = manager.current_step()
         t0 = time.perf_counter()
         ft_opt.zero_grad(set_to_none=False)  # starts the quorum (heals a replacement)
-        torch.manual_seed(mix_seed(args.seed, step, args.replica))
-        generator = torch.Generator().manual_seed(mix_seed(args.seed, step, args.replica, 1))
-        batch = task.batch(step, args.replica, args.replicas, generator)
+        batch = task.batch(step, args.replica, args.replicas, seed_step(args.seed, step, args.replica))
         loss = task.loss(ddp, batch)
         if step == args.fault_step and not fired:
             ev.emit("fault", replica=args.replica, step=step, index=0)
             os.kill(os.getpid(), signal.SIGKILL)
         loss.backward()
-        lr = lr_at(step, lr=optim_cfg.lr, warmup_steps=optim_cfg.warmup_steps, total_steps=args.steps, min_lr_ratio=optim_cfg.min_lr_ratio)
-        for g in opt.param_groups:
-            g["lr"] = lr
+        set_lr(opt, optim_cfg, step, args.steps)
         ft_opt.step()  # steps the optimizer only if every replica's allreduce succeeded
         if manager.current_step() > step:
             ev.emit("step", replica=args.replica, step=manager.current_step(), step_s=time.perf_counter() - t0, loss=float(loss.detach()))

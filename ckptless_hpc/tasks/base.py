@@ -79,6 +79,22 @@ def lr_at(
     return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def seed_step(seed: int, step: int, rank: int) -> torch.Generator:
+    """Seed torch's global RNG for (seed, step, rank) (dropout and the like) and return the
+    generator a task draws the batch of that step and rank from: the whole per-step
+    determinism contract, shared by the worker and the benchmark baselines."""
+    torch.manual_seed(mix_seed(seed, step, rank))
+    return torch.Generator().manual_seed(mix_seed(seed, step, rank, 1))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, optim: Any, step: int, total_steps: int) -> float:
+    """Set every param group's LR to ``lr_at(step)`` for ``optim`` (an OptimConfig); returns it."""
+    lr = lr_at(step, lr=optim.lr, warmup_steps=optim.warmup_steps, total_steps=total_steps, min_lr_ratio=optim.min_lr_ratio)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
 def num_parameters(model: torch.nn.Module) -> int:
     """Number of parameter elements of ``model`` (tied parameters counted once)."""
     return sum(p.numel() for p in model.parameters())

@@ -28,7 +28,7 @@ import torch
 
 from .. import faults as faultlib
 from .. import protocol
-from ..tasks.base import lr_at, mix_seed
+from ..tasks.base import seed_step, set_lr
 from ..tasks.selfcheck import check_batch_determinism
 from ..state.snapshot import apply_state, collect_state, state_nbytes, state_sha256
 from ..state.transfer import Arena, StaleState, StateServer, TransferError, fetch_state
@@ -491,9 +491,7 @@ class Worker:
     def _one_step(self, gen: int) -> None:
         step, rank, world, cfg = self.step, self.rank, self.world, self.cfg
         t0 = time.perf_counter()
-        torch.manual_seed(mix_seed(cfg.train.seed, step, rank))
-        generator = torch.Generator().manual_seed(mix_seed(cfg.train.seed, step, rank, 1))
-        batch = self.task.batch(step, rank, world, generator)
+        batch = self.task.batch(step, rank, world, seed_step(cfg.train.seed, step, rank))
         self.model.train()
         self.flat.zero_()
         loss = self.task.loss(self.model, batch)
@@ -507,9 +505,7 @@ class Worker:
         finally:
             self._futures = None
         self.flat.div_(world)
-        lr = lr_at(step, lr=cfg.optim.lr, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.train.steps, min_lr_ratio=cfg.optim.min_lr_ratio)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = set_lr(self.optimizer, cfg.optim, step, cfg.train.steps)
         self.optimizer.step()
         self.step = step + 1
         self.ctx["step"] = self.step
