@@ -173,6 +173,7 @@ class Bench:
         kill, hang = phases(kills), phases(hangs)
         bw = b4["state_transfer_gbps"] * 1e9
         bound = 1.0 + kill["bytes_transferred"] / bw
+        recovery_s = kill["detect_s"] + kill["reconfigure_s"] + kill["transfer_s"]
         out = {
             "size": pt.size,
             "params": lm_params(pt.size),
@@ -186,9 +187,9 @@ class Bench:
             "lost_work_s": cr["lost_steps"] * step_s,
             "ratio_kill": cr["downtime_s"] / kill["downtime_s"],
             # time lost beyond the step that had to be computed anyway (downtime - one step)
-            "kill_recovery_s": kill["detect_s"] + kill["reconfigure_s"] + kill["transfer_s"],
+            "kill_recovery_s": recovery_s,
             # (never below the recovery phases themselves, when the first step beat the median)
-            "ckptless_lost_s": max(kill["downtime_s"] - step_s, kill["detect_s"] + kill["reconfigure_s"] + kill["transfer_s"]),
+            "ckptless_lost_s": max(kill["downtime_s"] - step_s, recovery_s),
             "ckpt_restart_lost_s": cr["downtime_s"] - step_s,
             "target_bound_s": bound,
             "kill_net_of_step_s": kill["downtime_s"] - step_s,

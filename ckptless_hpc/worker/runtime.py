@@ -246,13 +246,17 @@ class Worker:
             if state != "RUNNING":  # cancelled, timed out or requeued already: Slurm is ending this run
                 log.warning("job %s is %s: Slurm is already ending this run; not requeueing", job_id, state)
             elif env.restart_count >= self.cfg.cluster.max_requeues:
-                log.error("not requeueing: already requeued %d time(s) (cluster.max_requeues); cancelling job %s", env.restart_count, job_id)
+                log.error(
+                    "not requeueing: already requeued %d time(s) (cluster.max_requeues=%d); cancelling job %s. "
+                    "HINT: the last copy stays in %s/state; raise cluster.max_requeues to allow more restarts",
+                    env.restart_count, self.cfg.cluster.max_requeues, job_id, self.run_dir,
+                )
                 commands.cancel_job(job_id)
             else:
                 commands.requeue(job_id)
                 log.warning("job %s requeued; it resumes from step %d", job_id, saved["step"] if saved else 0)
         except commands.SlurmCommandError as e:
-            log.error("requeue/cancel of job %s failed: %s", job_id, e)
+            log.error("requeue/cancel of job %s failed: %s. HINT: requeue it by hand (scontrol requeue %s) or scancel it", job_id, e, job_id)
 
     def serve_forever(self) -> None:
         while True:
