@@ -28,6 +28,14 @@ class TrainConfig:
     threads: int = 1  # torch intra-op threads per worker (fixed: results depend on it)
     log_every: int = 10  # console line every N steps (events.jsonl gets every step)
     console_rank: Optional[int] = 0  # whose log lines the console echoes next to the coordinator's (null: none)
+    grad_accum: int = 1  # micro-batches per rank per step; the gradient is reduced once per step
+    clip_grad_norm: Optional[float] = None  # clip the global gradient norm to this (null: no clipping)
+    precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler)
+    on_nonfinite: str = "stop"  # a non-finite loss / grad norm: stop (keep the last finite state, exit 7) | skip
+    data_workers: int = 0  # DataLoader worker processes per rank (0: batches made in the training thread)
+    prefetch: int = 2  # micro-batches each data worker prepares ahead
+    bucket_mb: float = 16.0  # gradient allreduce bucket size (MiB)
+    tensorboard: bool = False  # write loss, LR, grad norm, throughput and recoveries to <run dir>/tensorboard
 
 
 @dataclass
@@ -184,6 +192,7 @@ def validation_errors(cfg: Any) -> List[str]:
         "set train.console_rank=0, or train.console_rank=null to show only the coordinator",
     )
     need(t.seed >= 0, "train.seed", t.seed, "must be >= 0", "use a non-negative integer seed")
+    errors.extend(_train_step_errors(t))
     o = cfg.optim
     need(o.lr > 0, "optim.lr", o.lr, "must be > 0", "e.g. optim.lr=3e-4")
     need(o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, "must be >= 0", "e.g. optim.warmup_steps=10")
@@ -194,6 +203,37 @@ def validation_errors(cfg: Any) -> List[str]:
         need(c.signal_delay_s >= 0, "cluster.signal_delay_s", c.signal_delay_s, "must be >= 0", "seconds of warning before the end")
     errors.extend(_fault_errors(cfg))
     return errors
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+NONFINITE_POLICIES = ("stop", "skip")
+
+
+def _train_step_errors(t: Any) -> List[str]:
+    errors: List[str] = []
+
+    def need(cond: bool, name: str, value: Any, problem: str, hint: str) -> None:
+        if not cond:
+            errors.append(_err(name, value, problem, hint))
+
+    need(_is_int(t.grad_accum) and t.grad_accum >= 1, "train.grad_accum", t.grad_accum, "must be an integer >= 1", "1 = no accumulation; 4 = four micro-batches per step")
+    clip = t.clip_grad_norm
+    need(clip is None or (isinstance(clip, (int, float)) and clip > 0), "train.clip_grad_norm", clip, "must be > 0 or null", "e.g. train.clip_grad_norm=1.0; null turns clipping off")
+    need(t.precision in PRECISIONS, "train.precision", t.precision, "unknown precision", f"use one of {', '.join(PRECISIONS)}")
+    need(t.on_nonfinite in NONFINITE_POLICIES, "train.on_nonfinite", t.on_nonfinite, "unknown policy", "use stop (end the job at the last finite state) or skip (drop the step)")
+    need(_is_int(t.data_workers) and t.data_workers >= 0, "train.data_workers", t.data_workers, "must be an integer >= 0", "0 makes batches in the training thread; 2 runs a DataLoader with 2 worker processes")
+    need(_is_int(t.prefetch) and t.prefetch >= 1, "train.prefetch", t.prefetch, "must be an integer >= 1", "e.g. train.prefetch=2 micro-batches per data worker")
+    need(t.bucket_mb > 0, "train.bucket_mb", t.bucket_mb, "must be > 0", "e.g. train.bucket_mb=16 (MiB per gradient allreduce)")
+    if t.tensorboard:
+        from .metrics import tensorboard_missing
+
+        why = tensorboard_missing()
+        need(why is None, "train.tensorboard", t.tensorboard, str(why), "pip install -e '.[tensorboard]', or set train.tensorboard=false")
+    return errors
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _fault_errors(cfg: Any) -> List[str]:

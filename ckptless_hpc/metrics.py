@@ -73,3 +73,42 @@ class Recovery:
 def goodput(productive_s: float, wall_s: float) -> float:
     """Fraction of wall time (after start-up) spent in steps that count."""
     return 0.0 if wall_s <= 0 else min(1.0, productive_s / wall_s)
+
+
+class TensorBoardSink:
+    """Training curves and recoveries for TensorBoard (``train.tensorboard=true``): one writer in
+    the coordinator, fed by rank 0's per-step metrics and by each finished recovery. Imports
+    ``torch.utils.tensorboard`` (and so torch) only when asked for."""
+
+    def __init__(self, logdir: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
+
+        self.logdir = logdir
+        self._w = SummaryWriter(log_dir=logdir)
+
+    def step(self, step: int, loss: float, lr: Optional[float], grad_norm: Optional[float], step_s: float, samples_per_s: Optional[float]) -> None:
+        w = self._w
+        w.add_scalar("train/loss", loss, step)
+        if lr is not None:
+            w.add_scalar("train/lr", lr, step)
+        if grad_norm is not None:
+            w.add_scalar("train/grad_norm", grad_norm, step)
+        w.add_scalar("perf/step_s", step_s, step)
+        if samples_per_s:
+            w.add_scalar("perf/samples_per_s", samples_per_s, step)
+
+    def recovery(self, step: int, report: Dict[str, Any]) -> None:
+        for k in ("downtime_s", "detect_s", "reconfigure_s", "transfer_s", "resume_s"):
+            self._w.add_scalar(f"recovery/{k}", report[k], step)
+
+    def close(self) -> None:
+        self._w.close()
+
+
+def tensorboard_missing() -> Optional[str]:
+    """Why TensorBoard output cannot be written here, or None (no import: a cheap check)."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorboard") is None:
+        return "the tensorboard package is not installed"
+    return None

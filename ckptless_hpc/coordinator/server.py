@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from .. import protocol
 from ..config import fault_list
-from ..metrics import EventLog, Recovery, goodput
+from ..metrics import EventLog, Recovery, TensorBoardSink, goodput
 from ..progress import LogTail, Progress, Snapshot
 from ..faults import faults_from_config, spare_fault_due
 from .detector import silent_workers, stragglers
@@ -35,6 +35,7 @@ EXIT_NO_SPARE = 3
 EXIT_STARTUP = 4
 EXIT_REQUEUED = 5
 EXIT_CANCELLED = 6
+EXIT_NONFINITE = 7
 
 
 @dataclass
@@ -92,6 +93,9 @@ class Coordinator:
         self.resuming: Optional[Recovery] = None
         self.refills_due = 0
         self.fatal: Optional[str] = None
+        self.nonfinite: Optional[Dict[str, Any]] = None  # a rank refused a non-finite step (train.on_nonfinite=stop)
+        self.skipped: Dict[str, int] = {}  # steps dropped so far, by cause (rank 0's count)
+        self.tensorboard: Optional[TensorBoardSink] = None
         self.stopping = False
         self.reform_requested = False
         self.saved: Optional[Dict[str, Any]] = None
@@ -225,6 +229,10 @@ class Coordinator:
         elif kind == "saved":
             self.saved = msg
             self._emit("state_saved", rec, step=msg.get("step"), path=msg.get("path"))
+        elif kind == "nonfinite":
+            if self.nonfinite is None:
+                self.nonfinite = dict(msg, worker=rec.wid, node=rec.node)
+                self._emit("nonfinite", rec, step=msg.get("step"), loss=msg.get("loss"), grad_norm=msg.get("grad_norm"))
         elif kind == "startup_error":
             self.fatal = f"worker {rec.wid} on node {rec.node} failed at start-up:\n{msg.get('traceback', '').rstrip()}"
         else:
@@ -234,7 +242,11 @@ class Coordinator:
         step = int(msg["step"])
         now = self.clock()
         self.step_log[step] = {"loss": msg["loss"], "step_s": msg["step_s"], "t": now, "gen": msg.get("gen")}
-        self._emit("step", rec, step=step, loss=msg["loss"], lr=msg.get("lr"), step_s=msg["step_s"], at=now)
+        self._emit("step", rec, step=step, loss=msg["loss"], lr=msg.get("lr"), grad_norm=msg.get("grad_norm"), step_s=msg["step_s"], skipped=msg.get("skipped"), at=now)
+        self.skipped = msg.get("skipped_total") or self.skipped
+        if self.tensorboard is not None:
+            samples = msg.get("samples")
+            self.tensorboard.step(step, msg["loss"], msg.get("lr"), msg.get("grad_norm"), msg["step_s"], samples / msg["step_s"] if samples and msg["step_s"] > 0 else None)
         f = spare_fault_due(self.faults, self.faults_done | self._injected, step)
         spare = next((w for w in self.workers.values() if w.role == "spare" and w.writer is not None), None)
         if f is not None and spare is not None:
@@ -249,6 +261,8 @@ class Coordinator:
             self.refills_due = 0
             rep = r.report()
             self._emit("resumed", rec, step=step, downtime_s=rep["downtime_s"], at=now)
+            if self.tensorboard is not None:
+                self.tensorboard.recovery(step, rep)
             log.info(
                 "recovered: downtime %.2fs (detect %.2f, reconfigure %.2f, transfer %.2f, resume %.2f)",
                 rep["downtime_s"], rep["detect_s"], rep["reconfigure_s"], rep["transfer_s"], rep["resume_s"],
@@ -394,6 +408,8 @@ class Coordinator:
         await loop.run_in_executor(None, self._make_store)
         self._store_ready.set()
         self._persist()
+        if self.cfg.train.tensorboard:
+            self.tensorboard = TensorBoardSink(os.path.join(self.run_dir, "tensorboard"))
         watch = asyncio.ensure_future(self._heartbeat_watch())
         echo = asyncio.ensure_future(self._echo_console_rank())
         try:
@@ -403,6 +419,8 @@ class Coordinator:
             watch.cancel()
             echo.cancel()
             await self._shutdown()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
             self._echo_once()  # the rank's last lines, written while it stopped
             server.close()
         return code
@@ -434,13 +452,18 @@ class Coordinator:
         self._emit("generation_started", world=self.world, step=step0, resumed_from=self.resume, ranks={str(r): w for r, w in self.ranks.items()})
         while True:
             await self._until(
-                lambda: bool(self.pending or self.save_requested or self.cancel_requested) or self.reform_requested or self.fatal is not None or self._all_done(),
+                lambda: bool(self.pending or self.save_requested or self.cancel_requested or self.nonfinite)
+                or self.reform_requested
+                or self.fatal is not None
+                or self._all_done(),
                 None,
             )
             if self.cancel_requested:
                 return self._finish(EXIT_CANCELLED, "cancelled", self.cancel_requested)
             if self.fatal:
                 return self._finish(EXIT_FAILED, "failed", self.fatal)
+            if self.nonfinite and not self.pending:
+                return await self._stop_nonfinite(self.nonfinite)
             if self.save_requested and not self._all_done():
                 return await self._save_and_requeue(self.save_requested, self._quiesce_targets())
             if self.pending or self.reform_requested:
@@ -601,6 +624,21 @@ class Coordinator:
         log.error(msg)
         return self._finish(EXIT_NO_SPARE, "no_spare", msg)
 
+    async def _stop_nonfinite(self, nf: Dict[str, Any]) -> int:
+        """train.on_nonfinite=stop: keep the last finite committed state (written once), say which
+        step and rank saw what, and end the job."""
+        survivors = self._quiesce_targets()
+        saved = await self._save_state(survivors, await self._hold_all(survivors))
+        what = f"loss {nf.get('loss')}" if str(nf.get("loss")) in ("nan", "inf", "-inf") else f"gradient norm {nf.get('grad_norm')}"
+        where = f"the last finite state, after {saved['step']} committed steps, is saved to {saved['path']}" if saved else "no state could be saved"
+        msg = (
+            f"step {nf.get('step')} (0-based): {what} is not finite (rank {nf.get('rank')} on node {nf.get('node')}, train.on_nonfinite=stop); "
+            f"{where}. HINT: lower optim.lr, set train.clip_grad_norm, or set train.on_nonfinite=skip to drop such steps"
+        )
+        log.error(msg)
+        self._emit("emergency_save", reason="non-finite step", saved=saved)
+        return self._finish(EXIT_NONFINITE, "nonfinite", msg)
+
     def request_save(self, reason: str) -> None:
         """Thread-safe (a signal handler calls it): save once at a committed step, then requeue."""
 
@@ -666,6 +704,7 @@ class Coordinator:
             "faults_fired": sorted(self.faults_done),
             "excluded_nodes": sorted(self.bad_nodes),
             "recoveries": [r.report() for r in self.recoveries],
+            "skipped_steps": dict(self.skipped),
             "saved_state": self.saved,
             "resumed_from": self.resume,
             "run_dir": self.run_dir,

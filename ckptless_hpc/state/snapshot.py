@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
 Entries = List[Tuple[str, torch.Tensor]]
+
+
+class Piece(NamedTuple):
+    """One named piece of the training state and who owns its bytes: ``owner`` None means every
+    rank holds the same bytes (replicated); a rank number means only that rank does (sharded)."""
+
+    key: str
+    tensor: torch.Tensor
+    owner: Optional[int] = None
 
 
 def byte_view(t: torch.Tensor) -> memoryview:
@@ -27,8 +36,11 @@ def byte_view(t: torch.Tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy()).cast("B")
 
 
-def collect_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, step: int) -> Tuple[Entries, Dict[str, Any]]:
-    """Views of the live state (no copies) in canonical order, plus metadata."""
+def collect_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, step: int, extra: Optional[Dict[str, Any]] = None
+) -> Tuple[Entries, Dict[str, Any]]:
+    """Views of the live state (no copies) in canonical order, plus metadata (``extra`` holds the
+    engine's JSON-able state: scheduler, grad scaler, counters)."""
     entries: Entries = [(f"model.{k}", v) for k, v in model.state_dict().items()]
     sd = optimizer.state_dict()
     scalars: Dict[str, Any] = {}
@@ -45,8 +57,14 @@ def collect_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task
             entries.append((f"task.{k}", v))
         else:
             task_scalars[k] = v
-    meta = {"step": step, "param_groups": sd["param_groups"], "optim_scalars": scalars, "task_scalars": task_scalars}
-    return entries, json.loads(json.dumps(meta))
+    meta = {"step": step, "param_groups": sd["param_groups"], "optim_scalars": scalars, "task_scalars": task_scalars, **(extra or {})}
+    try:
+        return entries, json.loads(json.dumps(meta))
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"the training state's metadata cannot be carried to a replacement ({e}). HINT: a scheduler's or a task's "
+            "state_dict() may hold only numbers, strings, lists and dicts besides tensors"
+        ) from None
 
 
 def apply_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, entries: Entries, meta: Dict[str, Any]) -> None:

@@ -37,6 +37,10 @@ class ControlClient:
         host, _, port = address.rpartition(":")
         return cls(protocol.connect(host, int(port), secret), **kw)
 
+    def fileno(self) -> int:
+        """The control socket's descriptor (a forked child must close its copy)."""
+        return self._sock.fileno()
+
     def send(self, msg: Dict[str, Any]) -> None:
         msg.setdefault("t", time.time())
         data = protocol.encode(msg)

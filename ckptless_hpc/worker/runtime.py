@@ -1,14 +1,18 @@
 """One worker process: a rank of the data-parallel job, or a hot spare waiting for one.
 
+This is the worker's control side; the training itself (model, optimizer, scheduler, scaler,
+data, the step, the state's pieces) is the engine's (:mod:`ckptless_hpc.train`).
+
 Lifecycle: import torch, connect and authenticate to the coordinator, receive the config,
-build the task, model and optimizer (spares too: promotion costs no process start), then obey
+build the engine (spares too: promotion costs no process start), then obey
 the coordinator: ``assign`` (join generation g as rank r at step s, fetching the state from a
 peer first when this process does not hold step s), ``abort`` (abandon the in-flight step and
 report the committed step held), ``stop``.
 
-Bitwise reproducibility: gradients live in one flat buffer reduced in a fixed order, the
-global RNG and the data generator are re-seeded from (seed, step, rank) every step, the LR is
-a function of the step, and the intra-op thread count is fixed by ``train.threads``.
+Bitwise reproducibility: gradients are reduced in fixed buckets in a fixed order, the global
+RNG and the data generator are re-seeded from (seed, step, rank, micro-batch), the LR is a
+function of the step (or carried scheduler state), and ``train.threads`` fixes the intra-op
+thread count.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -28,19 +33,18 @@ import torch
 
 from .. import faults as faultlib
 from .. import protocol
-from ..tasks.base import seed_step, set_lr
 from ..tasks.selfcheck import check_batch_determinism
-from ..state.snapshot import apply_state, collect_state, state_nbytes, state_sha256
+from ..state.snapshot import state_nbytes, state_sha256
 from ..state.transfer import Arena, StaleState, StateServer, TransferError, fetch_state
+from ..train.comm import Abandoned, Communicator, connect_store, device_for
+from ..train.engine import Engine, StepResult
 from .control import ControlClient, exit_now
-from .groups import connect_store, device_for, form_group
 
 log = logging.getLogger("ckptless_hpc.worker")
 
 EXIT_COORDINATOR_LOST = 17
 EXIT_STARTUP_ERROR = 18
 ORPHANED_SPARE_WAIT_S = 10.0  # a rank claims the last-resort lock at once; a spare acts only if none did
-BUCKET_ELEMS = 4 << 20  # 16 MB of float32 per allreduce
 
 
 class Aborted(Exception):
@@ -79,8 +83,8 @@ class Worker:
         self.abort_gen = -1
         self.training = False
         self.faults_done: set = set()
-        self.pg: Any = None
-        self._abandoned: List[Any] = []
+        self.comm: Optional[Communicator] = None
+        self._abandoned = Abandoned()
         self._wake = threading.Event()
         self._stopping = False
         self._orphaned: Optional[str] = None  # the coordinator is gone (Slurm: save and requeue)
@@ -136,21 +140,17 @@ class Worker:
         torch.set_num_threads(self.cfg.train.threads)
         self.device = device_for(self.local_index)
         self.task = instantiate(self.cfg.task)
-        check_batch_determinism(self.task, self.cfg.cluster.nodes * self.cfg.cluster.workers_per_node)
-        torch.manual_seed(self.cfg.train.seed)
-        self.model = self.task.build_model().to(self.device)
-        self.optimizer = self.task.build_optimizer(self.model, self.cfg.optim)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        dtypes = {p.dtype for p in params}
-        if len(dtypes) != 1:
-            raise ValueError(f"task parameters have several dtypes {sorted(map(str, dtypes))}. HINT: use one dtype for trainable parameters")
-        self.n_params = sum(p.numel() for p in params)
-        self._bucket_grads(params)
-        entries, _ = collect_state(self.model, self.optimizer, self.task, 0)
+        world = self.cfg.cluster.nodes * self.cfg.cluster.workers_per_node
+        if not callable(getattr(self.task, "dataset", None)) or self.task.dataset() is None:
+            check_batch_determinism(self.task, world)
+        # data-loader workers fork here: they must not keep the control connection open
+        self.engine = Engine(self.cfg, self.task, self.device, world, close_fds=[self.client.fileno()])
+        self.n_params = self.engine.n_params
+        entries, _ = self.engine.collect(0)
         self.state_bytes = state_nbytes(entries)
         self.faults = faultlib.faults_from_config(self.cfg)
         batch_size = getattr(self.task, "batch_size", None)
-        self.samples = batch_size * self.cfg.cluster.nodes * self.cfg.cluster.workers_per_node if isinstance(batch_size, int) else None
+        self.samples = batch_size * self.engine.micro_batches * world if isinstance(batch_size, int) else None
         self.store_addr = store_addr
         self.server = StateServer(self.host, self.secret, self._provide, describe=f"[{self.node}] ")
         self.step = 0  # a freshly built model is the state of step 0 on every worker (seeded init)
@@ -345,12 +345,13 @@ class Worker:
                 self._fetch(msg.get("sources", []), gen, target, timeout_s)
             t0 = time.monotonic()
             self.client.send({"type": "joining", "gen": gen, "step": self.step})
-            self.pg = self._interruptible(
-                lambda: form_group(self._store(), gen, self.rank, self.world, self.host, self.cfg.cluster.collective_timeout_s, self.device),
+            self.comm = self._interruptible(
+                lambda: Communicator.form(self._store(), gen, self.rank, self.world, self.host, self.cfg.cluster.collective_timeout_s, self.device),
                 gen,
                 timeout_s,
                 "form-group",
             )
+            self.engine.bind(self.comm)
         except Aborted:
             return
         except (CollectiveError, TransferError) as e:
@@ -379,7 +380,7 @@ class Worker:
                 self.client.send({"type": "transfer_error", "gen": gen, "source": src.get("worker"), "error": str(e)})
                 continue
             t0 = time.monotonic()
-            apply_state(self.model, self.optimizer, self.task, got.entries, got.meta)
+            self.engine.apply(got.entries, got.meta)
             self.arena = None  # its memory now holds (part of) the optimizer state
             self.step = target
             self.ctx["step"] = target
@@ -397,14 +398,14 @@ class Worker:
         entries = list(data["entries"].items())
         if state_sha256(entries, data["meta"]) != saved["sha256"]:
             raise TransferError(f"emergency copy {saved['path']} does not match its recorded sha256 {saved['sha256'][:12]}")
-        apply_state(self.model, self.optimizer, self.task, entries, data["meta"])
+        self.engine.apply(entries, data["meta"])
         self.step = int(data["meta"]["step"])
         log.info("loaded the emergency copy of step %d from %s in %.2fs", self.step, saved["path"], time.monotonic() - t0)
 
     def _provide(self, gen: int, step: int) -> Any:
         if self.training or self.step != step:
             raise StaleState(f"{self.node} holds step {self.step} (training={self.training}); asked for step {step} of generation {gen}")
-        entries, meta = collect_state(self.model, self.optimizer, self.task, self.step)
+        entries, meta = self.engine.collect(self.step)
         fault = self._due("send", step)
         if fault is not None and fault.kind in faultlib.WIRE:
             self.faults_done.add(fault.index)
@@ -419,56 +420,14 @@ class Worker:
         """A store client per generation: an abandoned formation may block its client forever."""
         host, _, port = self.store_addr.rpartition(":")
         store = connect_store(host, int(port), self.cfg.cluster.recovery_timeout_s)
-        self._abandoned.append(store)
+        self._abandoned.keep(store)
         return store
 
     def _abandon_group(self) -> None:
-        if self.pg is not None:
-            self._abandoned.append(self.pg)
-            self.pg = None
+        self._abandoned.keep(self.comm)
+        self.comm = None
 
     # ------------------------------------------------------------------ training
-    def _bucket_grads(self, params: List[torch.Tensor]) -> None:
-        """Gradients are views of one flat buffer (+1 slot for the loss), laid out in reverse
-        parameter order (the order backward produces them) and cut into fixed buckets; a bucket's
-        allreduce starts as soon as its last gradient is accumulated, overlapping the rest of the
-        backward pass. Fixed boundaries and a fixed order keep the result bitwise reproducible."""
-        self.flat = torch.zeros(self.n_params + 1, dtype=params[0].dtype, device=self.device)
-        self._bounds: List[tuple] = []
-        self._bucket_of: Dict[int, int] = {}
-        sizes: List[int] = []
-        off = start = 0
-        for p in reversed(params):
-            p.grad = self.flat[off : off + p.numel()].view_as(p)
-            self._bucket_of[id(p)] = len(self._bounds)
-            off += p.numel()
-            if len(sizes) == len(self._bounds):
-                sizes.append(0)
-            sizes[-1] += 1
-            if off - start >= BUCKET_ELEMS:
-                self._bounds.append((start, off))
-                start = off
-        self._bounds.append((start, self.n_params + 1))  # the last bucket carries the loss slot
-        sizes += [0] * (len(self._bounds) - len(sizes))
-        self._bucket_sizes = sizes
-        self._futures: Optional[List[Any]] = None
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._grad_ready)
-
-    def _grad_ready(self, p: torch.Tensor) -> None:
-        if self._futures is None:  # a backward outside a training step
-            return
-        b = self._bucket_of[id(p)]
-        self._left[b] -= 1
-        if self._left[b] == 0:
-            self._launch(b)
-
-    def _launch(self, b: int) -> None:
-        start, end = self._bounds[b]
-        fut = self.pg.allreduce([self.flat[start:end]]).get_future()
-        fut.add_done_callback(lambda _f: self._wake.set())
-        self._futures[b] = fut
-
     def _train(self, gen: int) -> None:
         steps = self.cfg.train.steps
         self.training = True
@@ -477,7 +436,8 @@ class Worker:
                 if self.abort_gen > gen or self._stopping or self._orphaned:
                     self._abandon_group()
                     return
-                self._one_step(gen)
+                if not self._one_step(gen):
+                    return
         except Aborted:
             self._abandon_group()
             return
@@ -489,37 +449,37 @@ class Worker:
             return
         finally:
             self.training = False
-        entries, meta = collect_state(self.model, self.optimizer, self.task, self.step)
+        entries, meta = self.engine.collect(self.step)
         self.client.send({"type": "done", "gen": gen, "rank": self.rank, "step": self.step, "sha256": state_sha256(entries, meta)})
 
-    def _one_step(self, gen: int) -> None:
-        step, rank, world, cfg = self.step, self.rank, self.world, self.cfg
+    def _one_step(self, gen: int) -> bool:
+        """One step; False when it was refused (non-finite, train.on_nonfinite=stop)."""
+        step = self.step
         t0 = time.perf_counter()
-        batch = self.task.batch(step, rank, world, seed_step(cfg.train.seed, step, rank))
-        self.model.train()
-        self.flat.zero_()
-        loss = self.task.loss(self.model, batch)
-        self.flat[-1] = loss.detach()
-        self._left = list(self._bucket_sizes)
-        self._futures = [None] * len(self._bounds)
-        try:
-            loss.backward()  # buckets start their allreduce as they fill
-            self._after_backward(step, t0)
-            self._wait_buckets(gen, step)
-        finally:
-            self._futures = None
-        self.flat.div_(world)
-        lr = set_lr(self.optimizer, cfg.optim, step, cfg.train.steps)
-        self.optimizer.step()
+        res = self.engine.step(step, lambda: self._after_backward(step, t0), lambda futures: self._wait(futures, gen, step))
+        if not res.committed:
+            self._report_nonfinite(gen, step, res)
+            return False
+        if res.skipped:
+            log.warning("step %d skipped (%s): loss %s, grad norm %s", step, res.skipped, res.loss, res.grad_norm)
         self.step = step + 1
         self.ctx["step"] = self.step
-        if rank == 0:
+        if self.rank == 0:
             self.client.send(
-                {"type": "metrics", "gen": gen, "step": self.step, "loss": float(self.flat[-1]), "lr": lr, "step_s": time.perf_counter() - t0, "samples": self.samples}
+                {
+                    "type": "metrics", "gen": gen, "step": self.step, "loss": res.loss, "lr": res.lr, "grad_norm": res.grad_norm,
+                    "step_s": time.perf_counter() - t0, "samples": self.samples, "skipped": res.skipped, "skipped_total": dict(self.engine.skipped),
+                }
             )
+        return True
+
+    def _report_nonfinite(self, gen: int, step: int, res: StepResult) -> None:
+        what = f"loss {res.loss}" if not math.isfinite(res.loss) else f"gradient norm {res.grad_norm}"
+        log.error("step %d: %s is not finite; the state stays at step %d (train.on_nonfinite=stop)", step, what, self.step)
+        self.client.send({"type": "nonfinite", "gen": gen, "rank": self.rank, "step": step, "loss": _num(res.loss), "grad_norm": _num(res.grad_norm), "held": self.step})
 
     def _after_backward(self, step: int, t0: float) -> None:
-        """The injected faults of this step, then the buckets not started yet (unused parameters)."""
+        """The injected faults of this step, after its backward and before its collectives land."""
         factor = faultlib.slowdown(self.faults, self.rank, step)
         if factor > 1:  # an injected straggler: alive, just slow
             time.sleep((factor - 1) * (time.perf_counter() - t0))
@@ -527,13 +487,11 @@ class Worker:
         fault = self._due("step", step)
         if fault is not None:
             self._fire(fault, step)
-        for b, fut in enumerate(self._futures):
-            if fut is None:
-                self._launch(b)
 
-    def _wait_buckets(self, gen: int, step: int) -> None:
+    def _wait(self, futures: List[Any], gen: int, step: int) -> None:
         timeout_s = self.cfg.cluster.collective_timeout_s
-        futures = list(self._futures)
+        for f in futures:
+            f.add_done_callback(lambda _f: self._wake.set())
         outcome = self._wait_until(lambda: all(f.done() for f in futures), gen, timeout_s)
         if outcome == "abort":
             raise Aborted("allreduce")
@@ -548,7 +506,7 @@ class Worker:
     # ------------------------------------------------------------------ stop
     def _save(self, path: str) -> Dict[str, Any]:
         """Write the committed state once (the only time state touches storage)."""
-        entries, meta = collect_state(self.model, self.optimizer, self.task, self.step)
+        entries, meta = self.engine.collect(self.step)
         tmp = path + ".tmp"
         torch.save({"meta": meta, "entries": {n: t.detach().cpu() for n, t in entries}}, tmp)
         os.replace(tmp, path)
@@ -561,6 +519,11 @@ class Worker:
             self.client.send({"type": "saved", **self._save(path)})
         time.sleep(0.05)
         exit_now(0)
+
+
+def _num(x: float) -> Any:
+    """A float for JSON: non-finite values as their names ("nan", "inf")."""
+    return x if math.isfinite(x) else str(x)
 
 
 def _setup_logging(ctx: Dict[str, Any]) -> None:

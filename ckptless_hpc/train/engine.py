@@ -1,0 +1,222 @@
+"""The training engine: builds model, optimizer, LR scheduler and grad scaler from the task,
+binds to one generation's communicator, runs one step, and gives and takes the state.
+
+One step (``train.grad_accum = K`` micro-batches per rank):
+
+1. for each micro-batch: seed, forward (under autocast for bf16/fp16), backward; gradients
+   accumulate in the flat buffers; the last backward launches the bucket allreduces and rank 0's
+   buffers are broadcast (:mod:`.replicated`);
+2. wait for every collective (interruptibly: the worker's ``wait``); a step that fails here
+   leaves the state exactly as committed (buffers put back, no optimizer step);
+3. gradient = sum over ranks and micro-batches / (world * K): the mean over the global batch;
+4. a non-finite loss (or, without a grad scaler, gradient norm) is never committed silently:
+   ``train.on_nonfinite=stop`` keeps the last committed state and reports it,
+   ``skip`` drops the step (identically on every rank: the values are global) and counts it;
+5. fp16: unscale; clip to ``train.clip_grad_norm``; optimizer step (the grad scaler skips it on
+   inf/NaN gradients, on every rank alike) and the LR: the built-in warm-up + cosine as a
+   function of the step, or the task's own scheduler stepped once per step.
+
+State (see :mod:`ckptless_hpc.state.snapshot`): parameters, buffers, optimizer moments and the
+task's tensors as pieces keyed by name and owner, plus metadata: the scheduler's and the grad
+scaler's state (carried, not derived: a user scheduler may depend on anything, e.g. the loss
+history of ``ReduceLROnPlateau``, and replaying it would cost O(step)) and the skipped-step
+counts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from ..state.snapshot import Entries, Piece, apply_state, collect_state
+from ..tasks.base import set_lr
+from .data import Feed, forward_seed, make_feed
+from .replicated import BucketedGrads, BufferSync
+
+PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+_Schedulers = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+@dataclass
+class StepResult:
+    loss: float  # mean over the global batch
+    grad_norm: float  # global L2 norm of the reduced gradient, before clipping
+    lr: float  # the LR this step used (first param group)
+    committed: bool = True  # False: on_nonfinite=stop refused the step; the state is the previous one
+    skipped: Optional[str] = None  # "nonfinite" (on_nonfinite=skip) or "overflow" (fp16 scaler): no update
+
+
+def _build_scheduler(task: Any, optimizer: torch.optim.Optimizer, cfg: Any) -> Any:
+    fn = getattr(task, "build_scheduler", None)
+    sched = fn(optimizer, cfg.optim, cfg.train.steps) if callable(fn) else None
+    if sched is not None and not isinstance(sched, _Schedulers):
+        raise ValueError(
+            f"{type(task).__name__}.build_scheduler returned a {type(sched).__name__}, not a torch.optim.lr_scheduler "
+            "scheduler. HINT: return e.g. torch.optim.lr_scheduler.OneCycleLR(optimizer, ...), or None for the built-in "
+            "warm-up + cosine schedule (optim.warmup_steps, optim.min_lr_ratio)"
+        )
+    if sched is not None and getattr(sched, "optimizer", optimizer) is not optimizer:
+        raise ValueError(f"{type(task).__name__}.build_scheduler returned a scheduler of another optimizer. HINT: build it on the optimizer it is given")
+    return sched
+
+
+def _refuse_sync_batchnorm(model: torch.nn.Module) -> None:
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.SyncBatchNorm)]
+    if names:
+        raise ValueError(
+            f"the model has SyncBatchNorm layers ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}), which "
+            "ckptless_hpc cannot bind to its per-generation groups yet. HINT: keep torch.nn.BatchNorm*: every rank then "
+            "takes rank 0's running statistics at each step, as torch DDP does by default"
+        )
+
+
+class Engine:
+    """Model, optimizer, scheduler, scaler and data feed of one worker, for any generation."""
+
+    def __init__(self, cfg: Any, task: Any, device: torch.device, world: int, close_fds: Sequence[int] = ()) -> None:
+        t = cfg.train
+        self.cfg, self.task, self.device, self.world = cfg, task, device, world
+        self.micro_batches = int(t.grad_accum)
+        torch.manual_seed(t.seed)
+        self.model = task.build_model().to(device)
+        _refuse_sync_batchnorm(self.model)
+        self.optimizer = task.build_optimizer(self.model, cfg.optim)
+        self.scheduler = _build_scheduler(task, self.optimizer, cfg)
+        self.amp_dtype = PRECISIONS[t.precision]
+        self.scaler = torch.amp.GradScaler(device.type) if t.precision == "fp16" else None
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError(f"{type(task).__name__}.build_model() has no trainable parameters. HINT: leave requires_grad=True on what should train")
+        self.n_params = sum(p.numel() for p in params)
+        self.grads = BucketedGrads(params, int(float(t.bucket_mb) * (1 << 20)), device)
+        self.buffers = BufferSync(self.model)
+        self._loss_sum = torch.zeros(1, dtype=torch.float64, device=device)
+        self.skipped: Dict[str, int] = {"nonfinite": 0, "overflow": 0}
+        self.feed: Feed = make_feed(task, t.seed, world, self.micro_batches, t.steps, int(t.data_workers), int(t.prefetch), close_fds)
+        self.comm: Any = None
+
+    # ------------------------------------------------------------------ generations
+    def bind(self, comm: Any) -> None:
+        """Train with this generation's communicator from now on (same rank numbers)."""
+        self.comm = comm
+        self.feed.bind(comm.rank)
+
+    # ------------------------------------------------------------------ one step
+    def _autocast(self) -> Any:
+        if self.amp_dtype is None:
+            return torch.autocast(self.device.type, enabled=False)
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def step(self, step: int, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> StepResult:
+        comm, t = self.comm, self.cfg.train
+        self.model.train()
+        self.grads.zero()
+        self._loss_sum.zero_()
+        if self.buffers:
+            self.buffers.save()
+        try:
+            futures = self._forward_backward(step, comm)
+            on_backward()
+            futures = self.grads.launch_rest() + [comm.allreduce(self._loss_sum)] + futures
+            self.grads.disarm()
+            wait(futures)
+            if self.buffers:
+                self.buffers.land()
+        except BaseException:
+            self.grads.disarm()
+            self.buffers.restore()
+            raise
+        return self._update(step, comm.world * self.micro_batches, t)
+
+    def _forward_backward(self, step: int, comm: Any) -> List[Any]:
+        broadcasts: List[Any] = []
+        for micro in range(self.micro_batches):
+            batch = self.feed.get(step, micro)
+            forward_seed(self.cfg.train.seed, step, comm.rank, micro)
+            last = micro == self.micro_batches - 1
+            if last:
+                self.grads.arm(comm)
+            with self._autocast():
+                loss = self.task.loss(self.model, batch)
+            if last and self.buffers:  # the forward has updated them: rank 0's go to everyone
+                broadcasts = self.buffers.launch(comm)
+            self._loss_sum += loss.detach().to(torch.float64)
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        return broadcasts
+
+    def _lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _update(self, step: int, n: int, t: Any) -> StepResult:
+        self.grads.divide(n)
+        loss = float(self._loss_sum) / n
+        if not math.isfinite(loss):
+            return self._nonfinite(step, t, loss, float("nan"))
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        norm = self.grads.total_norm()
+        grad_norm = float(norm)
+        if self.scaler is None and not math.isfinite(grad_norm):
+            return self._nonfinite(step, t, loss, grad_norm)
+        if t.clip_grad_norm is not None:
+            self.grads.clip(float(t.clip_grad_norm), norm)
+        if self.scheduler is None:
+            set_lr(self.optimizer, self.cfg.optim, step, t.steps)
+        lr = self._lr()
+        skipped = None
+        if self.scaler is not None:
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            if self.scaler.get_scale() < scale:  # inf/NaN gradients: the scaler skipped the update
+                skipped = "overflow"
+                self.skipped["overflow"] += 1
+        else:
+            self.optimizer.step()
+        self._step_scheduler(loss)
+        return StepResult(loss, grad_norm, lr, skipped=skipped)
+
+    def _step_scheduler(self, loss: float) -> None:
+        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            self.scheduler.step(loss)
+        elif self.scheduler is not None:
+            self.scheduler.step()
+
+    def _nonfinite(self, step: int, t: Any, loss: float, grad_norm: float) -> StepResult:
+        self.buffers.restore()
+        lr = self._lr()
+        if t.on_nonfinite == "stop":
+            return StepResult(loss, grad_norm, lr, committed=False)
+        self.skipped["nonfinite"] += 1
+        if self.scheduler is not None and not isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            self.scheduler.step()  # the LR stays a function of the step index
+        return StepResult(loss, grad_norm, lr, skipped="nonfinite")
+
+    # ------------------------------------------------------------------ state
+    def pieces(self, step: int) -> Tuple[List[Piece], Dict[str, Any]]:
+        """The state of ``step`` as keyed pieces (views, no copies) and metadata. Every piece of
+        the replicated strategy is held by every rank (owner None)."""
+        entries, meta = self.collect(step)
+        return [Piece(k, v, None) for k, v in entries], meta
+
+    def collect(self, step: int) -> Tuple[Entries, Dict[str, Any]]:
+        extra = {
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "skipped": dict(self.skipped),
+        }
+        return collect_state(self.model, self.optimizer, self.task, step, extra)
+
+    def apply(self, entries: Entries, meta: Dict[str, Any]) -> None:
+        apply_state(self.model, self.optimizer, self.task, entries, meta)
+        if self.scheduler is not None and meta.get("scheduler") is not None:
+            self.scheduler.load_state_dict(meta["scheduler"])
+        if self.scaler is not None and meta.get("scaler"):
+            self.scaler.load_state_dict(meta["scaler"])
+        self.skipped = dict(meta.get("skipped") or {"nonfinite": 0, "overflow": 0})
+
+    def close(self) -> None:
+        self.feed.close()
