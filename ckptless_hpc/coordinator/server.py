@@ -198,7 +198,8 @@ class Coordinator:
         if kind == "built":
             rec.built, rec.state_port = True, int(msg["state_port"])
             self._emit(
-                "spare_ready" if rec.role == "spare" else "worker_ready", rec, state_bytes=msg.get("state_bytes"), params=msg.get("params"), state_port=rec.state_port
+                "spare_ready" if rec.role == "spare" else "worker_ready", rec, state_bytes=msg.get("state_bytes"), params=msg.get("params"), state_port=rec.state_port,
+                buckets=msg.get("buckets"), buffers=msg.get("buffers"),
             )
         elif kind == "metrics":
             self._on_metrics(rec, msg)

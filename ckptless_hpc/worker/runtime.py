@@ -129,7 +129,10 @@ class Worker:
             time.sleep(0.2)
             exit_now(EXIT_STARTUP_ERROR)
         self.client.send(
-            {"type": "built", "state_port": self.server.port, "pid": os.getpid(), "state_bytes": self.state_bytes, "params": self.n_params}
+            {
+                "type": "built", "state_port": self.server.port, "pid": os.getpid(), "state_bytes": self.state_bytes, "params": self.n_params,
+                "buckets": len(self.engine.grads.buckets), "buffers": sum(len(b) for _, b in self.engine.buffers.groups),
+            }
         )
 
     def _build(self, config: Dict[str, Any], store_addr: str) -> None:

@@ -1,0 +1,81 @@
+"""Tasks that exercise one feature of the training engine each (imported by worker processes
+via PYTHONPATH)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import IterableDataset
+
+from ckptless_hpc.tasks.mlp import MLPTask
+
+
+class BatchNormMLP(MLPTask):
+    """An MLP with BatchNorm (running statistics: buffers) and dropout."""
+
+    def build_model(self) -> nn.Module:
+        return nn.Sequential(
+            nn.Linear(self.input_dim, self.hidden), nn.BatchNorm1d(self.hidden), nn.GELU(), nn.Dropout(0.2), nn.Linear(self.hidden, self.classes)
+        )
+
+
+class OneCycleMLP(MLPTask):
+    """The user's own scheduler: OneCycleLR over the run."""
+
+    def build_scheduler(self, optimizer, optim, total_steps):
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=float(optim.lr), total_steps=total_steps)
+
+
+class MicroMLP(MLPTask):
+    """The new batch signature: learns the micro-batch index."""
+
+    def batch(self, step, rank, world, generator, micro=0):
+        x, y = super().batch(step, rank, world, generator)
+        return x + 0.01 * micro, y
+
+
+class MixedDtypeMLP(MLPTask):
+    """Parameters of two dtypes: the first layer in float64, the rest float32."""
+
+    def build_model(self) -> nn.Module:
+        return nn.Sequential(_Cast(nn.Linear(self.input_dim, self.hidden).double()), nn.GELU(), nn.Linear(self.hidden, self.classes))
+
+
+class _Cast(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.double()).float()
+
+
+class NanAtStepMLP(MLPTask):
+    """The loss is NaN at the steps in ``nan_steps`` (on every rank, as a diverged model's is)."""
+
+    def __init__(self, nan_steps=(7,), **kw) -> None:
+        super().__init__(**kw)
+        self.nan_steps = set(int(s) for s in nan_steps)
+
+    def batch(self, step, rank, world, generator):
+        x, y = super().batch(step, rank, world, generator)
+        if step in self.nan_steps:
+            x = x * float("nan")
+        return x, y
+
+
+class _Stream(IterableDataset):
+    def __iter__(self):
+        yield from range(10)
+
+
+class StreamTask(MLPTask):
+    """A data source that cannot seek (an IterableDataset): must be refused."""
+
+    def dataset(self):
+        return _Stream()
+
+
+class SyncBNTask(MLPTask):
+    def build_model(self) -> nn.Module:
+        return nn.Sequential(nn.Linear(self.input_dim, self.hidden), nn.SyncBatchNorm(self.hidden), nn.Linear(self.hidden, self.classes))
