@@ -41,6 +41,13 @@ def test_slurm_group_switches_schema():
         ("cluster.heartbeat_timeout_s=0.1", "cluster.heartbeat_timeout_s=0.1"),
         ("optim.lr=-1", "optim.lr=-1"),
         ("train.console_rank=2", "train.console_rank=2: must be a rank of the job (0..1) or null"),
+        ("train.grad_accum=0", "train.grad_accum=0: must be an integer >= 1"),
+        ("train.clip_grad_norm=-1", "train.clip_grad_norm=-1.0: must be > 0 or null"),
+        ("train.precision=fp8", "train.precision='fp8': unknown precision"),
+        ("train.on_nonfinite=ignore", "train.on_nonfinite='ignore': unknown policy"),
+        ("train.data_workers=-1", "train.data_workers=-1: must be an integer >= 0"),
+        ("train.prefetch=0", "train.prefetch=0: must be an integer >= 1"),
+        ("train.bucket_mb=0", "train.bucket_mb=0.0: must be > 0"),
     ],
 )
 def test_each_bad_value_is_named_with_a_hint(override, needle):

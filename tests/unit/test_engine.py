@@ -1,0 +1,213 @@
+"""The training engine in one process, over a real 1-rank gloo group: state given and taken
+mid-run continues bitwise (scheduler, grad scaler, buffers, counters carried), one reduction per
+step whatever the accumulation, an abandoned step leaves the committed state, non-finite steps,
+the data source (in-process and in a DataLoader, seeking) and the refusals."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from ckptless_hpc.config import Config, LocalClusterConfig
+from ckptless_hpc.state.snapshot import state_sha256
+from ckptless_hpc.tasks.base import seed_step
+from ckptless_hpc.tasks.mlp import MLPTask
+from ckptless_hpc.train.comm import Communicator
+from ckptless_hpc.train.data import LoaderFeed, StepBatches, make_feed
+from ckptless_hpc.train.engine import Engine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e" / "tasks_for_tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import engine_tasks as T  # noqa: E402
+from examples.vision_cnn import CNNTask  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _cfg(**train):
+    c = OmegaConf.structured(Config(task={}, cluster=LocalClusterConfig()))
+    c.train.steps = train.pop("steps", 12)
+    for k, v in train.items():
+        c.train[k] = v
+    return c
+
+
+class _Counting:
+    """A real 1-rank gloo communicator that counts what it is asked to do."""
+
+    def __init__(self, gen: int = 0) -> None:
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        self.inner = Communicator(dist.ProcessGroupGloo(dist.HashStore(), 0, 1, opts), gen, 0, 1)
+        self.rank, self.world, self.calls = 0, 1, []
+
+    def allreduce(self, t):
+        self.calls.append(("allreduce", t.numel()))
+        return self.inner.allreduce(t)
+
+    def broadcast(self, t, root=0):
+        self.calls.append(("broadcast", t.numel()))
+        return self.inner.broadcast(t, root)
+
+
+def _engine(task, **train) -> Engine:
+    e = Engine(_cfg(**train), task, torch.device("cpu"), world=1)
+    e.bind(_Counting())
+    return e
+
+
+def _wait(futures):
+    for f in futures:
+        f.wait()
+
+
+def _run(e: Engine, start: int, stop: int) -> list:
+    return [e.step(s, lambda: None, _wait) for s in range(start, stop)]
+
+
+def _sha(e: Engine, step: int) -> str:
+    return state_sha256(*e.collect(step))
+
+
+CASES = {
+    "bn_dropout_onecycle_accum_clip_bf16": (lambda: T.BatchNormMLP(), dict(grad_accum=3, clip_grad_norm=0.1, precision="bf16")),
+    "onecycle": (lambda: T.OneCycleMLP(), {}),
+    "fp16_scaler": (lambda: MLPTask(), dict(precision="fp16")),
+    "cnn_dataset_in_loader": (lambda: CNNTask(batch_size=8), dict(grad_accum=2, data_workers=2, clip_grad_norm=0.5)),
+    "two_dtypes_several_buckets": (lambda: T.MixedDtypeMLP(hidden=256), dict(bucket_mb=0.01)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_state_taken_mid_run_continues_bitwise(case):
+    make, train = CASES[case]
+    a = _engine(make(), **train)
+    _run(a, 0, 6)
+    b = _engine(make(), **train)
+    assert _sha(b, 6) != _sha(a, 6)
+    entries, meta = a.collect(6)
+    b.apply([(k, t.clone()) for k, t in entries], meta)  # as received: its own memory (the optimizer keeps what it is given)
+    assert _sha(b, 6) == _sha(a, 6)
+    _run(a, 6, 12)
+    _run(b, 6, 12)
+    assert _sha(b, 12) == _sha(a, 12)
+    if a.scheduler is not None:
+        assert b.optimizer.param_groups[0]["lr"] == a.optimizer.param_groups[0]["lr"] and b.scheduler.last_epoch == 12
+    a.close()
+    b.close()
+
+
+def test_one_reduction_per_step_whatever_the_accumulation():
+    for k in (1, 4):
+        e = _engine(T.BatchNormMLP(hidden=512), grad_accum=k, bucket_mb=0.005)
+        _run(e, 0, 2)
+        buckets = len(e.grads.buckets)
+        assert buckets >= 3
+        per_step = buckets + 1 + 2  # the buckets, the loss, rank 0's buffers (two dtypes: float32, int64)
+        assert len(e.comm.calls) == 2 * per_step, e.comm.calls
+        assert [kind for kind, _ in e.comm.calls].count("broadcast") == 2 * 2
+        # a bucket closes once it holds the limit: at most the limit plus one parameter (the largest, 32 x 512)
+        limit = int(0.005 * (1 << 20)) // 4
+        assert max(b.numel() for b in e.grads.buckets) <= limit + 32 * 512
+
+
+def test_an_abandoned_step_leaves_the_committed_state():
+    e = _engine(T.BatchNormMLP(), grad_accum=2)
+    _run(e, 0, 3)
+    before = _sha(e, 3)
+
+    def fail(futures):
+        raise RuntimeError("peer gone")
+
+    with pytest.raises(RuntimeError, match="peer gone"):
+        e.step(3, lambda: None, fail)
+    assert _sha(e, 3) == before  # the forward had moved the running statistics: put back
+
+
+def test_nonfinite_step_stop_keeps_the_state_skip_drops_it():
+    stop = _engine(T.NanAtStepMLP(nan_steps=[2]))
+    _run(stop, 0, 2)
+    held = _sha(stop, 2)
+    (res,) = _run(stop, 2, 3)
+    assert not res.committed and res.loss != res.loss and _sha(stop, 2) == held
+    skip = _engine(T.NanAtStepMLP(nan_steps=[2]), on_nonfinite="skip")
+    _run(skip, 0, 2)
+    params = [p.detach().clone() for p in skip.model.parameters()]
+    (res,) = _run(skip, 2, 3)
+    assert res.committed and res.skipped == "nonfinite" and skip.skipped["nonfinite"] == 1
+    assert all(torch.equal(p, q) for p, q in zip(params, skip.model.parameters()))
+
+
+def test_fp16_overflow_is_skipped_by_the_scaler_and_counted():
+    e = _engine(MLPTask(), precision="fp16")
+    e.scaler.load_state_dict({"scale": 2.0**120, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 0})
+    params = [p.detach().clone() for p in e.model.parameters()]
+    (res,) = _run(e, 0, 1)
+    assert res.skipped == "overflow" and e.skipped["overflow"] == 1 and e.scaler.get_scale() == 2.0**119
+    assert all(torch.equal(p, q) for p, q in zip(params, e.model.parameters()))
+
+
+def test_loader_gives_the_in_process_bytes_and_seeks():
+    task = CNNTask(batch_size=4)
+    inproc = make_feed(task, seed=3, world=2, micro_batches=2, total_steps=10, workers=0, prefetch=2)
+    loader = make_feed(task, seed=3, world=2, micro_batches=2, total_steps=10, workers=2, prefetch=2)
+    assert isinstance(loader, LoaderFeed)
+    for feed in (inproc, loader):
+        feed.bind(1)
+    order = [(0, 0), (0, 1), (1, 0), (0, 0), (5, 1), (6, 0)]  # in order, back (a recovery), a jump (a replacement)
+    for step, micro in order:
+        a, b = inproc.get(step, micro), loader.get(step, micro)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]), (step, micro)
+    assert loader.seeks == 3
+    loader.close()
+
+
+class _Indexed(torch.utils.data.Dataset):
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        return torch.tensor(i)
+
+
+class _IndexTask(MLPTask):
+    def dataset(self):
+        return _Indexed()
+
+
+def test_dataset_positions_cover_each_epoch_once_and_differ_by_epoch():
+    task = _IndexTask(batch_size=4)
+    src = StepBatches(task, seed=0, world=2, micro_batches=2)
+    epoch0 = [int(i) for s in (0, 1) for m in (0, 1) for r in (0, 1) for i in src.batch(s, m, r)]
+    assert sorted(epoch0) == list(range(32))  # 2 steps x 2 micro x 2 ranks x 4 = one epoch, no repeat
+    epoch1 = [int(i) for s in (2, 3) for m in (0, 1) for r in (0, 1) for i in src.batch(s, m, r)]
+    assert sorted(epoch1) == list(range(32)) and epoch1 != epoch0
+
+
+def test_old_batch_signature_gets_a_virtual_rank_and_the_new_one_the_micro_batch():
+    task = MLPTask()
+    src = StepBatches(task, seed=5, world=2, micro_batches=3)
+    x, _ = src.batch(4, 2, 1)
+    ref, _ = task.batch(4, 1 * 3 + 2, 6, seed_step(5, 4, 5))
+    assert torch.equal(x, ref)
+    micro = StepBatches(T.MicroMLP(), seed=5, world=2, micro_batches=3)
+    assert micro.takes_micro and not torch.equal(micro.batch(4, 0, 1)[0], micro.batch(4, 1, 1)[0])
+
+
+def test_refusals_name_the_problem():
+    with pytest.raises(ValueError, match="source without random access.*HINT"):
+        StepBatches(T.StreamTask(), seed=0, world=1, micro_batches=1)
+    with pytest.raises(ValueError, match="SyncBatchNorm.*HINT"):
+        Engine(_cfg(), T.SyncBNTask(), torch.device("cpu"), world=1)
+
+    class BadScheduler(MLPTask):
+        def build_scheduler(self, optimizer, optim, total_steps):
+            return lambda step: 0.1
+
+    with pytest.raises(ValueError, match="not a torch.optim.lr_scheduler scheduler.*HINT"):
+        Engine(_cfg(), BadScheduler(), torch.device("cpu"), world=1)
