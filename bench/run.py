@@ -410,16 +410,45 @@ def _resim(results: Path, plan: Plan) -> int:
     return 0
 
 
+INDEPENDENT = ("b3", "b4", "b5")  # sections that use no other section's results
+
+
+def _only(names: List[str], plan: Plan, results: Path) -> int:
+    """Run a few sections alone (e.g. B3 after a change to the step); latest.json is left as it is."""
+    bad = [n for n in names if n not in INDEPENDENT]
+    if bad:
+        print(f"python -m bench: --only {','.join(bad)}: not a section that runs alone. HINT: use one of {', '.join(INDEPENDENT)}, or the full run", file=sys.stderr)
+        return 2
+    tmp = results / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    b = Bench(plan, tmp)
+    t0 = time.monotonic()
+    res: Dict[str, Any] = {"mode": plan.name, "command": f"python -m bench --only {','.join(names)}", "machine": machine_info(),
+                           "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    for name in names:
+        res[name] = getattr(b, name)()
+    res["elapsed_s"] = time.monotonic() - t0
+    res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    path = results / f"only-{'-'.join(names)}.json"
+    path.write_text(json.dumps(_clean(res), indent=2) + "\n", encoding="utf-8")
+    print(json.dumps({n: res[n] for n in names}, indent=2, default=str))
+    print(f"\nwrote {path}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the CI smoke: tiny sizes, one repetition, a few minutes")
     ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help=f"results folder (default {DEFAULT_RESULTS.relative_to(REPO)})")
     ap.add_argument("--resim", action="store_true", help="measure nothing: recompute the simulation (B6 at scale), table and chart from DIR/latest.json")
+    ap.add_argument("--only", default="", help=f"comma-separated sections that need no other ({', '.join(INDEPENDENT)}): run just those, write DIR/only-<names>.json")
     args = ap.parse_args(argv)
     plan = PLANS["quick" if args.quick else "full"]
     results = args.results.resolve()
     if args.resim:
         return _resim(results, plan)
+    if args.only:
+        return _only(args.only.split(","), plan, results)
     tmp = results / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     command = "python -m bench" + (" --quick" if args.quick else "") + ("" if results == DEFAULT_RESULTS else f" --results {args.results}")

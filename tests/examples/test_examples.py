@@ -71,3 +71,19 @@ def test_plain_loop_batches_are_an_epoch_permutation_split_over_ranks():
     again, _ = RegressionTask(n_samples=64, batch_size=4).batch(3, 1, world, torch.Generator().manual_seed(99))
     first, _ = task.batch(3, 1, world, g)
     assert torch.equal(again, first)  # the generator's state does not matter to this task
+
+
+def test_token_file_lm_reads_a_memory_mapped_file_in_data_workers_and_survives(job, baseline, tmp_path):
+    """A map-style dataset over a memory-mapped token file, in a DataLoader with 2 worker
+    processes per rank: a replacement starts reading at the committed step (the oracle)."""
+    from examples.token_file_lm import TokenFile, write_tokens
+
+    path = tmp_path / "tokens.bin"
+    n = write_tokens(str(path))
+    ds = TokenFile(str(path), seq_len=64)
+    assert len(ds) == (n - 1) // 64 and ds[3].shape == (65,) and ds[3][0] == ds[2][64]
+    cfg = (SEARCH, "task=token_file_lm", f"task.path={path}", "train.data_workers=2", "train.steps=20", *FAST_HB)
+    res = job(*cfg, *KILL)
+    _assert_recovered_equal(res, baseline(*cfg))
+    # the same bytes as batches made in the training thread
+    assert baseline(*cfg) == baseline(*(o for o in cfg if o != "train.data_workers=2"))
