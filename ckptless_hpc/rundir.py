@@ -542,11 +542,13 @@ def requeues(events: Sequence[Event]) -> List[Requeue]:
 
 
 def global_batch(run: Run) -> Optional[int]:
-    """Samples per optimizer step (task.batch_size x world size) when the config says it."""
+    """Samples per optimizer step (task.batch_size x train.grad_accum x world size) when the config says it."""
     cfg = run.config or {}
     bs = (cfg.get("task") or {}).get("batch_size")
+    accum = (cfg.get("train") or {}).get("grad_accum", 1)
+    if isinstance(bs, int) and isinstance(accum, int):
+        bs *= accum
     c = cfg.get("cluster") or {}
-    world = None
     world = run.started.get("world")
     if world is None and isinstance(c.get("nodes"), int) and isinstance(c.get("workers_per_node"), int):
         world = c["nodes"] * c["workers_per_node"]

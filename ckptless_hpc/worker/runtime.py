@@ -144,10 +144,10 @@ class Worker:
         self.device = device_for(self.local_index)
         self.task = instantiate(self.cfg.task)
         world = self.cfg.cluster.nodes * self.cfg.cluster.workers_per_node
-        if not callable(getattr(self.task, "dataset", None)) or self.task.dataset() is None:
-            check_batch_determinism(self.task, world)
         # data-loader workers fork here: they must not keep the control connection open
         self.engine = Engine(self.cfg, self.task, self.device, world, close_fds=[self.client.fileno()])
+        if self.engine.feed.batches.dataset is None:  # a dataset() is indexed by the framework itself
+            check_batch_determinism(self.task, world)
         self.n_params = self.engine.n_params
         entries, _ = self.engine.collect(0)
         self.state_bytes = state_nbytes(entries)
