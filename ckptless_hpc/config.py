@@ -60,6 +60,10 @@ class ClusterConfig:
     refill_spares: bool = True  # launch a new spare node in the background after a promotion
     max_refills: int = 4  # at most this many spare nodes launched after start (local backend)
     bind_host: str = "127.0.0.1"  # address services bind to and advertise (never 0.0.0.0 by default)
+    device: str = "auto"  # auto (CUDA where torch sees a GPU, else CPU) | cpu | cuda
+    comm: str = "auto"  # collectives: auto (nccl on CUDA, gloo on CPU) | gloo | nccl
+    gpus_per_node: int = 0  # GPUs per node (Slurm: --gpus-per-node); 0 = every visible GPU. One NCCL rank per GPU
+    abort_timeout_s: float = 10.0  # bound on aborting a broken NCCL communicator and on the CUDA stream check
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 3.0  # a worker silent this long is declared hung
     straggler_factor: float = 3.0  # a rank this many times slower than the typical rank is reported
@@ -83,7 +87,6 @@ class SlurmClusterConfig(ClusterConfig):
     qos: Optional[str] = None
     constraint: Optional[str] = None
     time_min: int = 60
-    gpus_per_node: int = 0
     cpus_per_task: int = 0
     mem_gb: int = 0
     exclude: List[str] = field(default_factory=list)
@@ -168,6 +171,20 @@ def validation_errors(cfg: Any) -> List[str]:
     need(c.workers_per_node >= 1, "cluster.workers_per_node", c.workers_per_node, "must be >= 1", "set cluster.workers_per_node=1")
     need(c.spare_nodes >= 0, "cluster.spare_nodes", c.spare_nodes, "must be >= 0", "set cluster.spare_nodes=1 (0 = no hot spares)")
     need(c.straggler_factor > 1, "cluster.straggler_factor", c.straggler_factor, "must be > 1", "e.g. cluster.straggler_factor=3")
+    from .train.cuda import COMMS, DEVICES
+
+    need(c.device in DEVICES, "cluster.device", c.device, "unknown device", "use auto, cpu or cuda")
+    need(c.comm in COMMS, "cluster.comm", c.comm, "unknown collective backend", "use auto, gloo or nccl")
+    need(not (c.comm == "nccl" and c.device == "cpu"), "cluster.comm", c.comm, "nccl needs CUDA devices", "set cluster.device=cuda, or cluster.comm=gloo on CPU")
+    need(c.gpus_per_node >= 0, "cluster.gpus_per_node", c.gpus_per_node, "must be >= 0", "0 = every GPU the node shows")
+    need(
+        not (c.gpus_per_node > 0 and c.device != "cpu" and c.comm != "gloo" and c.workers_per_node > c.gpus_per_node),
+        "cluster.workers_per_node",
+        c.workers_per_node,
+        f"puts {c.workers_per_node} NCCL ranks on cluster.gpus_per_node={c.gpus_per_node} GPUs: NCCL refuses two ranks on one device",
+        f"set cluster.workers_per_node={c.gpus_per_node} (one rank per GPU), or cluster.comm=gloo to share GPUs",
+    )
+    need(c.abort_timeout_s > 0, "cluster.abort_timeout_s", c.abort_timeout_s, "must be > 0", "e.g. cluster.abort_timeout_s=10")
     need(c.max_refills >= 0, "cluster.max_refills", c.max_refills, "must be >= 0", "set cluster.max_refills=0 to never refill")
     need(c.heartbeat_interval_s > 0, "cluster.heartbeat_interval_s", c.heartbeat_interval_s, "must be > 0", "0.5 is a good default")
     need(
@@ -199,7 +216,6 @@ def validation_errors(cfg: Any) -> List[str]:
     need(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", o.min_lr_ratio, "must be in [0, 1]", "e.g. optim.min_lr_ratio=0.1")
     if c.backend == "slurm":
         need(c.time_min >= 1, "cluster.time_min", c.time_min, "must be >= 1", "the job's time limit in minutes")
-        need(c.gpus_per_node >= 0, "cluster.gpus_per_node", c.gpus_per_node, "must be >= 0", "0 = no GPUs")
         need(c.signal_delay_s >= 0, "cluster.signal_delay_s", c.signal_delay_s, "must be >= 0", "seconds of warning before the end")
     errors.extend(_fault_errors(cfg))
     return errors

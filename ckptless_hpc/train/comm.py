@@ -1,24 +1,48 @@
 """The communicator of one generation: a process group formed on a prefixed store.
 
 A group of generation g is never destroyed when it breaks: destroying a group stuck on a hung
-peer blocks until the group's own timeout. It is abandoned instead (kept referenced until the
-process exits) and generation g+1 forms a fresh group on the store prefix ``gen<g+1>``.
+peer blocks until the group's own timeout. A gloo group is abandoned instead (kept referenced
+until the process exits); an NCCL communicator is aborted, under a deadline (abandoning it
+would leak GPU memory and threads per generation, and ``abort()`` itself can hang on a wedged
+peer: a process whose abort does not return is lost, and is replaced). Generation g+1 forms a
+fresh group on the store prefix ``gen<g+1>``.
 """
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
-from typing import Any, List
+from typing import Any, Callable, List, Optional
 
 import torch
 import torch.distributed as dist
 
 
-def device_for(local_index: int) -> torch.device:
-    """CUDA when present (one device per local worker), else CPU."""
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_index % torch.cuda.device_count())
-    return torch.device("cpu")
+class DeadlineExceeded(Exception):
+    """A call that must return in bounded time did not (an NCCL abort, a CUDA stream check):
+    this process can no longer be trusted to take part, and is replaced."""
+
+
+def within(fn: Callable[[], Any], deadline_s: float, what: str) -> Any:
+    """Run ``fn`` in a helper thread and return its result, or raise DeadlineExceeded when it
+    has not returned after ``deadline_s`` (the thread is left behind: it may never return)."""
+    box: dict = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=what, daemon=True).start()
+    if not done.wait(deadline_s):
+        raise DeadlineExceeded(f"{what} did not return within {deadline_s:.1f}s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
 
 
 def connect_store(host: str, port: int, timeout_s: float) -> Any:
@@ -29,21 +53,39 @@ class Communicator:
     """The collectives one generation's step uses, as futures (waited on interruptibly by the
     worker). ``rank`` and ``world`` never change within a generation."""
 
-    def __init__(self, pg: Any, gen: int, rank: int, world: int) -> None:
-        self.pg, self.gen, self.rank, self.world = pg, gen, rank, world
+    def __init__(self, pg: Any, gen: int, rank: int, world: int, backend: str = "gloo") -> None:
+        self.pg, self.gen, self.rank, self.world, self.backend = pg, gen, rank, world, backend
+        self.aborted = False
 
     @classmethod
-    def form(cls, store: Any, gen: int, rank: int, world: int, host: str, timeout_s: float, device: torch.device) -> "Communicator":
+    def form(
+        cls, store: Any, gen: int, rank: int, world: int, host: str, timeout_s: float, device: torch.device, backend: Optional[str] = None
+    ) -> "Communicator":
+        """The group of generation ``gen``: NCCL for CUDA tensors unless ``backend`` says gloo
+        (gloo also reduces CUDA tensors, through host memory: ranks may then share a GPU)."""
+        backend = backend or ("nccl" if device.type == "cuda" else "gloo")
         prefixed = dist.PrefixStore(f"gen{gen}", store)
         timeout = timedelta(seconds=timeout_s)
-        if device.type == "cuda":
+        if backend == "nccl":
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = timeout
-            return cls(dist.ProcessGroupNCCL(prefixed, rank, world, opts), gen, rank, world)
+            pg = dist.ProcessGroupNCCL(prefixed, rank, world, opts)
+            if hasattr(pg, "eager_connect_single_device"):  # connect now, not inside the first step
+                pg.eager_connect_single_device(device)
+            return cls(pg, gen, rank, world, "nccl")
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = timeout
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-        return cls(dist.ProcessGroupGloo(prefixed, rank, world, opts), gen, rank, world)
+        return cls(dist.ProcessGroupGloo(prefixed, rank, world, opts), gen, rank, world, "gloo")
+
+    def release(self, deadline_s: float) -> None:
+        """Let go of this generation's group after a failed or abandoned step. NCCL: abort the
+        communicator, bounded by ``deadline_s`` (DeadlineExceeded: this process is lost). gloo:
+        nothing to do (the caller keeps the object referenced; destroying it could block)."""
+        if self.backend != "nccl" or self.aborted:
+            return
+        self.aborted = True
+        within(self.pg.abort, deadline_s, f"NCCL abort of generation {self.gen}")
 
     def allreduce(self, tensor: torch.Tensor) -> Any:
         """Sum ``tensor`` over the ranks, in place; a future."""

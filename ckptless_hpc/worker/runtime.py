@@ -36,7 +36,8 @@ from .. import protocol
 from ..tasks.selfcheck import check_batch_determinism
 from ..state.snapshot import state_nbytes, state_sha256
 from ..state.transfer import Arena, StaleState, StateServer, TransferError, fetch_state
-from ..train.comm import Abandoned, Communicator, connect_store, device_for
+from ..train import cuda
+from ..train.comm import Abandoned, Communicator, DeadlineExceeded, connect_store, within
 from ..train.engine import Engine, StepResult
 from .control import ControlClient, exit_now
 
@@ -44,6 +45,8 @@ log = logging.getLogger("ckptless_hpc.worker")
 
 EXIT_COORDINATOR_LOST = 17
 EXIT_STARTUP_ERROR = 18
+EXIT_CUDA_POISONED = 19  # a CUDA error poisoned the context: replaced through the spare path
+EXIT_WEDGED = 20  # an NCCL abort or a CUDA stream check did not return within cluster.abort_timeout_s
 ORPHANED_SPARE_WAIT_S = 10.0  # a rank claims the last-resort lock at once; a spare acts only if none did
 
 
@@ -141,7 +144,7 @@ class Worker:
 
         self.cfg = OmegaConf.create(config)
         torch.set_num_threads(self.cfg.train.threads)
-        self.device = device_for(self.local_index)
+        self.device, self.backend = cuda.prepare(self.cfg.cluster, self.local_index, os.environ, log)
         self.task = instantiate(self.cfg.task)
         world = self.cfg.cluster.nodes * self.cfg.cluster.workers_per_node
         # data-loader workers fork here: they must not keep the control connection open
@@ -349,7 +352,9 @@ class Worker:
             t0 = time.monotonic()
             self.client.send({"type": "joining", "gen": gen, "step": self.step})
             self.comm = self._interruptible(
-                lambda: Communicator.form(self._store(), gen, self.rank, self.world, self.host, self.cfg.cluster.collective_timeout_s, self.device),
+                lambda: Communicator.form(
+                    self._store(), gen, self.rank, self.world, self.host, self.cfg.cluster.collective_timeout_s, self.device, self.backend
+                ),
                 gen,
                 timeout_s,
                 "form-group",
@@ -427,8 +432,26 @@ class Worker:
         return store
 
     def _abandon_group(self) -> None:
-        self._abandoned.keep(self.comm)
-        self.comm = None
+        """Let go of the generation's group after a failed or abandoned step: NCCL's is aborted and
+        the CUDA stream checked, each under cluster.abort_timeout_s; a process where either does
+        not return is lost, and exits to be replaced by a spare."""
+        comm, self.comm = self.comm, None
+        if comm is None:
+            return
+        self._abandoned.keep(comm)
+        deadline = self.cfg.cluster.abort_timeout_s
+        try:
+            comm.release(deadline)
+            if self.device.type == "cuda":
+                within(lambda: torch.cuda.synchronize(self.device), deadline, "CUDA stream check")
+        except DeadlineExceeded as e:
+            log.error("%s: this process cannot take part any more; exiting to be replaced by a spare", e)
+            exit_now(EXIT_WEDGED)
+        except Exception as e:  # noqa: BLE001 - a broken context is not recovered in place
+            if cuda.poisons_context(e):
+                log.error("CUDA error while releasing generation %d: %s; exiting to be replaced by a spare", comm.gen, e)
+                exit_now(EXIT_CUDA_POISONED)
+            log.warning("releasing generation %d: %s", comm.gen, e)
 
     # ------------------------------------------------------------------ training
     def _train(self, gen: int) -> None:
@@ -450,6 +473,11 @@ class Worker:
             self.training = False
             self._send_held(None, reason=f"collective error: {e}")
             return
+        except Exception as e:
+            if cuda.poisons_context(e):  # never "recovered" in place: the spare path replaces this process
+                log.error("CUDA error at step %d poisons this process: %s; exiting to be replaced by a spare", self.step, e)
+                exit_now(EXIT_CUDA_POISONED)
+            raise
         finally:
             self.training = False
         entries, meta = self.engine.collect(self.step)
