@@ -69,14 +69,16 @@ class BaselineRun:
         return out
 
 
-def _spawn(run_dir: Path, attempt: int, store_addr: str, size: str, world: int, steps: int, ckpt: str, ckpt_every: int, faults: List[Dict[str, int]]) -> List[subprocess.Popen]:
+def _spawn(
+    run_dir: Path, attempt: int, store_addr: str, size: str, world: int, steps: int, ckpt: str, ckpt_every: int, faults: List[Dict[str, int]], device: str = "cpu"
+) -> List[subprocess.Popen]:
     procs = []
     for r in range(world):
         argv = [
             sys.executable, "-m", "bench.plain_worker", "--rank", str(r), "--world", str(world), "--store", store_addr,
             "--prefix", f"attempt{attempt}", "--task", json.dumps(SIZES[size]), "--steps", str(steps),
             "--ckpt", ckpt, "--ckpt-every", str(ckpt_every), "--faults", json.dumps(faults),
-            "--events", str(run_dir / f"a{attempt}.r{r}.jsonl"),
+            "--events", str(run_dir / f"a{attempt}.r{r}.jsonl"), "--device", device,
         ]
         log = open(run_dir / f"a{attempt}.r{r}.log", "wb")
         procs.append(subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=_env()))
@@ -90,20 +92,24 @@ def _env() -> Dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 
-def run_baseline(run_dir: Path, size: str, world: int, steps: int, ckpt_every: int, faults: List[Dict[str, int]], timeout_s: float = 900, sample_cpu: bool = False) -> BaselineRun:
-    """Train ``steps`` steps with ``world`` plain DDP workers; ``faults``: [{rank, step}, ...]."""
+def run_baseline(
+    run_dir: Path, size: str, world: int, steps: int, ckpt_every: int, faults: List[Dict[str, int]], timeout_s: float = 900, sample_cpu: bool = False,
+    device: str = "cpu",
+) -> BaselineRun:
+    """Train ``steps`` steps with ``world`` plain DDP workers; ``faults``: [{rank, step}, ...];
+    ``device="cuda"``: every rank on the one GPU, DDP over gloo (as ckptless' cluster.comm=gloo)."""
     import os
 
     sampler = CpuSampler(os.getpid()).start() if sample_cpu else None
     try:
-        run = _run_baseline(run_dir, size, world, steps, ckpt_every, faults, timeout_s)
+        run = _run_baseline(run_dir, size, world, steps, ckpt_every, faults, timeout_s, device)
     finally:
         samples = sampler.stop() if sampler else None
     run.cpu_samples = samples
     return run
 
 
-def _run_baseline(run_dir: Path, size: str, world: int, steps: int, ckpt_every: int, faults: List[Dict[str, int]], timeout_s: float) -> BaselineRun:
+def _run_baseline(run_dir: Path, size: str, world: int, steps: int, ckpt_every: int, faults: List[Dict[str, int]], timeout_s: float, device: str = "cpu") -> BaselineRun:
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt = str(run_dir / "ckpt.pt") if ckpt_every else ""
     pending = [dict(f, index=i) for i, f in enumerate(faults)]
@@ -113,7 +119,7 @@ def _run_baseline(run_dir: Path, size: str, world: int, steps: int, ckpt_every: 
     stops: List[Dict[str, float]] = []  # per failure: when the harness saw it and when all were gone
     attempt = 0
     while True:
-        procs = _spawn(run_dir, attempt, store_addr, size, world, steps, ckpt, ckpt_every, pending)
+        procs = _spawn(run_dir, attempt, store_addr, size, world, steps, ckpt, ckpt_every, pending, device)
         while all(p.poll() is None for p in procs):
             if time.monotonic() > deadline:
                 kill_all(procs)

@@ -55,13 +55,14 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--ckpt-every", type=int, default=0)
     p.add_argument("--faults", default="[]", help='JSON [{"index": i, "rank": r, "step": s}, ...] still to fire')
     p.add_argument("--events", required=True)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda: the model on GPU 0, DDP over gloo")
     args = p.parse_args(argv)
 
     from ckptless_hpc.tasks.base import seed_step, set_lr
 
     ev = Events(args.events)
     ev.emit("imported", process_start=T_START)
-    task, model, opt, optim_cfg = build_lm(args.task, args.seed)
+    task, model, opt, optim_cfg = build_lm(args.task, args.seed, args.device)
     ev.emit("built")
 
     host, _, port = args.store.rpartition(":")
@@ -72,7 +73,7 @@ def main(argv: List[str] | None = None) -> None:
     load_s = 0.0
     if args.ckpt and os.path.exists(args.ckpt):
         t0 = time.time()
-        ck = torch.load(args.ckpt, map_location="cpu", weights_only=True)
+        ck = torch.load(args.ckpt, map_location=args.device, weights_only=True)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optim"])
         start = int(ck["step"])

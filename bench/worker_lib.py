@@ -24,7 +24,7 @@ class Events:
         self._f.flush()
 
 
-def build_lm(task_json: str, seed: int) -> Tuple[Any, torch.nn.Module, torch.optim.Optimizer, Any]:
+def build_lm(task_json: str, seed: int, device: str = "cpu") -> Tuple[Any, torch.nn.Module, torch.optim.Optimizer, Any]:
     """The LM task, model and AdamW exactly as a ckptless_hpc worker builds them: (task, model, optimizer, optim config)."""
     from ckptless_hpc.config import OptimConfig
     from ckptless_hpc.tasks.lm import LMTask
@@ -33,5 +33,5 @@ def build_lm(task_json: str, seed: int) -> Tuple[Any, torch.nn.Module, torch.opt
     task = LMTask(**json.loads(task_json))
     optim_cfg = OptimConfig()
     torch.manual_seed(seed)
-    model = task.build_model()
+    model = task.build_model().to(device)
     return task, model, task.build_optimizer(model, optim_cfg), optim_cfg

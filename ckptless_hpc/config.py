@@ -184,6 +184,13 @@ def validation_errors(cfg: Any) -> List[str]:
         f"puts {c.workers_per_node} NCCL ranks on cluster.gpus_per_node={c.gpus_per_node} GPUs: NCCL refuses two ranks on one device",
         f"set cluster.workers_per_node={c.gpus_per_node} (one rank per GPU), or cluster.comm=gloo to share GPUs",
     )
+    need(
+        not (c.backend == "local" and c.comm == "nccl" and c.nodes > 1),
+        "cluster.comm",
+        c.comm,
+        f"cluster=local runs its {c.nodes} nodes on this machine, where their NCCL ranks would share GPUs (NCCL refuses two ranks on one device)",
+        "set cluster.nodes=1 with cluster.workers_per_node=<GPUs>, or cluster.comm=gloo (ranks share GPUs through host memory)",
+    )
     need(c.abort_timeout_s > 0, "cluster.abort_timeout_s", c.abort_timeout_s, "must be > 0", "e.g. cluster.abort_timeout_s=10")
     need(c.max_refills >= 0, "cluster.max_refills", c.max_refills, "must be >= 0", "set cluster.max_refills=0 to never refill")
     need(c.heartbeat_interval_s > 0, "cluster.heartbeat_interval_s", c.heartbeat_interval_s, "must be > 0", "0.5 is a good default")

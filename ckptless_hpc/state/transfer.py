@@ -24,6 +24,7 @@ import xxhash
 
 from .. import protocol
 from .snapshot import Entries, byte_view
+from .staging import host_slices
 
 log = logging.getLogger(__name__)
 
@@ -143,18 +144,20 @@ class StateServer:
             header = [{"name": n, "dtype": str(t.dtype), "shape": list(t.shape)} for n, t in entries]
             _send_big(conn, {"type": "state", "entries": header, "meta": meta})
             digest = _Hasher()
-            for i, (_, t) in enumerate(entries):
-                mv = wire = byte_view(t)
+            tensors = [t for _, t in entries]
+            cut = (tensors[0].numel() * tensors[0].element_size()) // 2 if tensors else 0  # where an injected fault strikes
+            for i, off, part in host_slices(tensors, SLICE):  # device tensors staged through pinned memory
+                wire = part
                 if damage and i == 0:  # injected fault: the bytes on the wire differ from the state
-                    if damage[0] == "truncate":
-                        conn.sendall(mv[: len(mv) // 2])
+                    if damage[0] == "truncate" and off + len(part) > cut:
+                        conn.sendall(part[: cut - off])
                         return
-                    bad = bytearray(mv)
-                    bad[len(bad) // 2] ^= 0xFF
-                    wire = memoryview(bad)
-                for off in range(0, len(mv), SLICE):
-                    digest.update(mv[off : off + SLICE])  # hashed in a thread while this slice is sent
-                    conn.sendall(wire[off : off + SLICE])
+                    if damage[0] == "corrupt" and off <= cut < off + len(part):
+                        bad = bytearray(part)
+                        bad[cut - off] ^= 0xFF
+                        wire = memoryview(bad)
+                digest.update(part)  # hashed in a thread while this slice is sent
+                conn.sendall(wire)
             protocol.send_msg(conn, {"type": "end", "xxh3_64": digest.hexdigest()})
         except (protocol.ProtocolError, ConnectionError, OSError, ValueError, KeyError, TypeError) as e:
             self.refused += 1
@@ -174,8 +177,12 @@ class Arena:
     Tensors carved from it are views: once loaded, the optimizer state may keep living there.
     """
 
-    def __init__(self, nbytes: int) -> None:
-        self.buf = torch.zeros(nbytes, dtype=torch.uint8)  # zeros: every page touched now, not later
+    def __init__(self, nbytes: int, pinned: bool = False) -> None:
+        # zeros: every page touched now, not later; pinned (a CUDA worker): the copies to the
+        # device after the checksum run at DMA speed
+        self.buf = torch.zeros(nbytes, dtype=torch.uint8)
+        if pinned:
+            self.buf = self.buf.pin_memory()
         self.offset = 0
 
     def take(self, shape: Any, dtype: torch.dtype) -> torch.Tensor:

@@ -51,12 +51,14 @@ def nccl_environment(current: Mapping[str, str], deterministic: bool = True) -> 
     return to_set, conflicts
 
 
-def resolve_device(device: str, comm: str, cuda_available: bool) -> Tuple[str, str]:
-    """(device type, collective backend) from the config's ``cluster.device`` and ``cluster.comm``."""
+def resolve_device(device: str, comm: str, cuda_available: bool, cluster_backend: str = "slurm") -> Tuple[str, str]:
+    """(device type, collective backend) from the config's ``cluster.device`` and ``cluster.comm``.
+    ``comm=auto`` is nccl on CUDA, except with ``cluster=local``, whose simulated nodes all live
+    on one machine and would put NCCL ranks of two nodes on one GPU: gloo there."""
     dev = ("cuda" if cuda_available else "cpu") if device == "auto" else device
     if dev == "cuda" and not cuda_available:
         raise ValueError("cluster.device=cuda but torch sees no CUDA device here. HINT: run on a GPU node, or set cluster.device=auto (CPU where there is no GPU)")
-    backend = ("nccl" if dev == "cuda" else "gloo") if comm == "auto" else comm
+    backend = ("nccl" if dev == "cuda" and cluster_backend != "local" else "gloo") if comm == "auto" else comm
     if backend == "nccl" and dev != "cuda":
         raise ValueError("cluster.comm=nccl needs cluster.device=cuda. HINT: use cluster.comm=gloo (or auto) on CPU")
     return dev, backend
@@ -109,7 +111,7 @@ def prepare(cluster: Any, local_index: int, environ: Any, log: Any) -> Tuple[Any
     its context now (a hot spare is then ready before it is needed)."""
     import torch
 
-    dev, backend = resolve_device(cluster.device, cluster.comm, torch.cuda.is_available())
+    dev, backend = resolve_device(cluster.device, cluster.comm, torch.cuda.is_available(), cluster.backend)
     if dev == "cpu":
         return torch.device("cpu"), backend
     to_set, conflicts = nccl_environment(environ) if backend == "nccl" else ({k: v for k, (v, _) in DETERMINISM_ENV.items() if k not in environ}, [])

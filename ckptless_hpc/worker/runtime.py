@@ -163,7 +163,7 @@ class Worker:
         self.arena: Optional[Arena] = None
         if self.hot_spare:  # an idle spare pre-faults the memory it will receive its state into
             # model + two optimizer moments (AdamW) + a margin; the rest would land in fresh memory
-            threading.Thread(target=lambda: setattr(self, "arena", Arena(3 * self.state_bytes + (1 << 20))), daemon=True).start()
+            threading.Thread(target=lambda: setattr(self, "arena", Arena(3 * self.state_bytes + (1 << 20), pinned=self.device.type == "cuda")), daemon=True).start()
         log.info("built %s; state %.1f MB; serving state on %s:%d", self.task.describe(), self.state_bytes / 1e6, self.host, self.server.port)
 
     # ------------------------------------------------------------------ control

@@ -31,6 +31,7 @@ def test_environment_block_sets_what_is_missing_and_reports_conflicts():
 def test_device_and_backend_choice():
     assert cuda.resolve_device("auto", "auto", cuda_available=False) == ("cpu", "gloo")
     assert cuda.resolve_device("auto", "auto", cuda_available=True) == ("cuda", "nccl")
+    assert cuda.resolve_device("auto", "auto", cuda_available=True, cluster_backend="local") == ("cuda", "gloo")  # nodes share the machine
     assert cuda.resolve_device("cuda", "gloo", cuda_available=True) == ("cuda", "gloo")
     with pytest.raises(ValueError, match="sees no CUDA device.*HINT"):
         cuda.resolve_device("cuda", "auto", cuda_available=False)
@@ -50,10 +51,13 @@ def test_the_config_refuses_two_nccl_ranks_on_one_gpu():
         bad = compose(config_name="config", overrides=["cluster.device=cuda", "cluster.gpus_per_node=1", "cluster.workers_per_node=2"])
         shared = compose(config_name="config", overrides=["cluster.device=cuda", "cluster.comm=gloo", "cluster.gpus_per_node=1", "cluster.workers_per_node=2"])
         cpu_nccl = compose(config_name="config", overrides=["cluster.device=cpu", "cluster.comm=nccl"])
+        local_nccl = compose(config_name="config", overrides=["cluster.device=cuda", "cluster.comm=nccl", "cluster.nodes=2"])
+        one_node = compose(config_name="config", overrides=["cluster.device=cuda", "cluster.comm=nccl", "cluster.nodes=1", "cluster.workers_per_node=4"])
     (err,) = validation_errors(bad)
     assert err.startswith("cluster.workers_per_node=2: puts 2 NCCL ranks on cluster.gpus_per_node=1 GPUs") and "HINT" in err
     assert not validation_errors(shared)
     assert validation_errors(cpu_nccl)[0].startswith("cluster.comm='nccl': nccl needs CUDA devices")
+    assert "would share GPUs" in validation_errors(local_nccl)[0] and not validation_errors(one_node)
 
 
 @pytest.mark.parametrize(
@@ -112,3 +116,44 @@ def test_a_gloo_group_is_abandoned_not_aborted():
     pg = _FakeNCCL(hang=True)
     Communicator(pg, gen=1, rank=0, world=2, backend="gloo").release(0.2)
     assert pg.aborts == 0
+
+
+class _RecordingCopies:
+    """Stands in for the CUDA side stream (pure logic): copies at once, and fails the test if a
+    slot is overwritten while the consumer may still be sending or hashing it."""
+
+    def __init__(self, chunk: int, depth: int) -> None:
+        import torch
+
+        self.slots = [torch.empty(chunk, dtype=torch.uint8) for _ in range(depth)]
+        self.in_use: list = []  # slots of the last two slices handed out (sent, hashed)
+
+    def start(self, slot, src):
+        assert slot not in self.in_use, f"slot {slot} reused while its bytes are still being sent or hashed"
+        self.slots[slot][: src.numel()].copy_(src)
+        return slot
+
+    def finish(self, slot, n, token):
+        self.in_use = (self.in_use + [slot])[-2:]
+        return memoryview(self.slots[slot][:n].numpy()).cast("B")
+
+
+def test_staging_ring_keeps_order_and_never_reuses_a_slot_in_use():
+    import torch
+
+    from ckptless_hpc.state.snapshot import byte_view
+    from ckptless_hpc.state.staging import host_slices
+
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(1000, generator=g), torch.arange(7, dtype=torch.int64), torch.randn(3, 333, generator=g), torch.empty(0)]
+    staged = {0, 2}  # entries 0 and 2 "live on the device"; 1 and 3 on the host, in between
+    copies = _RecordingCopies(chunk=512, depth=4)
+    out = {}
+    for i, off, part in host_slices(tensors, 512, depth=4, copies=copies, staged=lambda t: any(t is tensors[k] for k in staged)):
+        out.setdefault(i, bytearray()).extend(bytes(part))
+        assert len(part) <= 512
+    assert [i for i in out] == [0, 1, 2]  # in order (the empty tensor has no bytes)
+    for i in (0, 1, 2):
+        assert bytes(out[i]) == bytes(byte_view(tensors[i]))
+    with pytest.raises(ValueError, match="at least 3 slots"):
+        list(host_slices(tensors, 512, depth=2))
