@@ -148,6 +148,9 @@ def _err(field_name: str, value: Any, problem: str, hint: str) -> str:
 
 
 _FAULT_FIELDS = ("kind", "rank", "node", "step", "at", "factor", "duration")
+# kinds whose moment is fixed: a straggler slows its steps, a spare dies while it waits, a
+# damaged transfer is damaged while it is served
+_AT_IGNORED = {"slow": "step", "kill_spare": "step", "corrupt_transfer": "send", "truncate_transfer": "send"}
 
 
 def fault_list(fault: Any) -> List[Dict[str, Any]]:
@@ -276,6 +279,10 @@ def _fault_errors(cfg: Any) -> List[str]:
             )
         if f.at not in FAULT_MOMENTS:
             errors.append(_err(f"{prefix}.at", f.at, "unknown moment", f"use one of {', '.join(FAULT_MOMENTS)}"))
+        elif f.kind in _AT_IGNORED and f.at not in ("step", _AT_IGNORED[f.kind]):  # "step" is the schema's default
+            errors.append(
+                _err(f"{prefix}.at", f.at, f"a {f.kind} fault always strikes {_AT_IGNORED[f.kind]!r}", f"drop {prefix}.at (or set it to {_AT_IGNORED[f.kind]})")
+            )
         if f.kind == "slow" and (f.factor <= 1 or f.duration < 1):
             errors.append(_err(f"{prefix}.factor", f.factor, "a straggler needs factor > 1 and duration >= 1", "e.g. factor: 5, duration: 20"))
         if f.kind not in ("kill_node", "kill_spare"):

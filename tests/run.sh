@@ -15,5 +15,10 @@ export CKPTLESS_REQUIRE_EXAMPLES=${CKPTLESS_REQUIRE_EXAMPLES:-1}
 if [ "$(id -u)" = 0 ]; then
   export CKPTLESS_REQUIRE_SLURM=${CKPTLESS_REQUIRE_SLURM:-1}
   bash tests/slurm_cluster/up.sh 4
+  # what the test command started, it stops when it ends (CKPTLESS_KEEP_SLURM=1 keeps the
+  # mini-cluster running for more runs; stop it later with bash tests/slurm_cluster/down.sh)
+  if [ "${CKPTLESS_KEEP_SLURM:-0}" != 1 ]; then
+    trap 'bash tests/slurm_cluster/down.sh >/dev/null 2>&1 || echo "tests/run.sh: down.sh failed; stop the mini-cluster by hand" >&2' EXIT
+  fi
 fi
-exec "$PY" -m pytest -q -ra "$@"
+"$PY" -m pytest -q -ra "$@"

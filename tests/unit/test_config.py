@@ -65,6 +65,16 @@ def test_fault_validation():
         validate(cfg("cluster.nodes=0"))
 
 
+def test_fault_moment_is_refused_where_the_kind_has_a_fixed_one():
+    (err,) = validation_errors(cfg("fault=slow", "fault.at=recovery"))
+    assert err.startswith("fault.at='recovery': a slow fault always strikes 'step'") and "HINT" in err
+    (err,) = validation_errors(cfg("fault=corrupt_transfer", "fault.at=receive"))
+    assert "a corrupt_transfer fault always strikes 'send'" in err
+    assert not validation_errors(cfg("fault=corrupt_transfer", "fault.at=send"))
+    assert not validation_errors(cfg("fault=truncate_transfer"))
+    assert not validation_errors(cfg("fault=kill_worker", "fault.rank=1", "fault.at=receive"))
+
+
 def test_fault_list_form():
     c = cfg("fault=kill_worker", "fault.step=5", "fault.schedule=[{kind:kill_node,node:0,step:9},{kind:hang,rank:0,step:12}]")
     assert [(f["kind"], f["step"]) for f in fault_list(c.fault)] == [("kill_worker", 5), ("kill_node", 9), ("hang", 12)]
