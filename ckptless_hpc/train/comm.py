@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
 
 import torch
 import torch.distributed as dist
@@ -98,12 +98,46 @@ class Communicator:
         return self.pg.broadcast([tensor], opts).get_future()
 
 
-class Abandoned:
-    """What a worker keeps referenced instead of destroying (broken groups, store clients)."""
+class Retired:
+    """What past generations leave behind (their group, their store client), released once it
+    cannot be in use any more: after a later generation has committed a step, and never while
+    the formation that uses it may still run (a formation abandoned mid-way can block its store
+    client forever). The release runs in a thread of its own: the objects' destructors (which
+    torch runs without the GIL) wait for their groups' threads, so a group still stuck on an
+    unreachable peer holds only that thread, never the training loop. A gloo group keeps a
+    socket per peer and threads: without this a survivor gains descriptors and threads at every
+    recovery."""
 
     def __init__(self) -> None:
-        self._kept: List[Any] = []
+        self._kept: Dict[int, List[Any]] = {}
+        self._forming: Set[int] = set()
+        self._lock = threading.Lock()
+        self.released = 0
 
-    def keep(self, obj: Any) -> None:
+    def keep(self, gen: int, obj: Any) -> None:
         if obj is not None:
-            self._kept.append(obj)
+            with self._lock:
+                self._kept.setdefault(gen, []).append(obj)
+
+    def forming(self, gen: int, running: bool) -> None:
+        with self._lock:
+            (self._forming.add if running else self._forming.discard)(gen)
+
+    def release_before(self, gen: int) -> int:
+        """Drop what generations older than ``gen`` left (those not still forming); returns how many."""
+        with self._lock:
+            old = [g for g in self._kept if g < gen and g not in self._forming]
+            batch = [obj for g in old for obj in self._kept.pop(g)]
+        if batch:
+            self.released += len(batch)
+            threading.Thread(target=batch.clear, name=f"release<gen{gen}", daemon=True).start()
+        return len(batch)
+
+
+def resources() -> Dict[str, float]:
+    """This process's open descriptors, OS threads and resident memory (Linux /proc)."""
+    import os
+
+    with open("/proc/self/statm") as f:
+        rss_pages = int(f.read().split()[1])
+    return {"fds": len(os.listdir("/proc/self/fd")), "threads": len(os.listdir("/proc/self/task")), "rss_mb": round(rss_pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)}

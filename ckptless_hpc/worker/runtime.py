@@ -37,7 +37,7 @@ from ..tasks.selfcheck import check_batch_determinism
 from ..state.snapshot import state_nbytes, state_sha256
 from ..state.transfer import Arena, StaleState, StateServer, TransferError, fetch_state
 from ..train import cuda
-from ..train.comm import Abandoned, Communicator, DeadlineExceeded, connect_store, within
+from ..train.comm import Communicator, DeadlineExceeded, Retired, connect_store, resources, within
 from ..train.engine import Engine, StepResult
 from .control import ControlClient, exit_now
 
@@ -87,7 +87,8 @@ class Worker:
         self.training = False
         self.faults_done: set = set()
         self.comm: Optional[Communicator] = None
-        self._abandoned = Abandoned()
+        self._retired = Retired()  # past generations' groups and store clients, released once idle
+        self._released_before = 0
         self._wake = threading.Event()
         self._stopping = False
         self._orphaned: Optional[str] = None  # the coordinator is gone (Slurm: save and requeue)
@@ -351,14 +352,7 @@ class Worker:
                 self._fetch(msg.get("sources", []), gen, target, timeout_s)
             t0 = time.monotonic()
             self.client.send({"type": "joining", "gen": gen, "step": self.step})
-            self.comm = self._interruptible(
-                lambda: Communicator.form(
-                    self._store(), gen, self.rank, self.world, self.host, self.cfg.cluster.collective_timeout_s, self.device, self.backend
-                ),
-                gen,
-                timeout_s,
-                "form-group",
-            )
+            self.comm = self._interruptible(lambda: self._form(gen), gen, timeout_s, "form-group")
             self.engine.bind(self.comm)
         except Aborted:
             return
@@ -367,7 +361,7 @@ class Worker:
             self._send_held(None, reason=f"start failed: {e}")
             return
         self.client.send({"type": "ready", "gen": gen, "rank": self.rank, "pid": os.getpid(), "form_s": time.monotonic() - t0})
-        log.info("generation %d formed: rank %d of %d at step %d", gen, self.rank, self.world, self.step)
+        log.info("generation %d formed: rank %d of %d at step %d; %s", gen, self.rank, self.world, self.step, " ".join(f"{k}={v}" for k, v in resources().items()))
         self._train(gen)
 
     def _fetch(self, sources: List[Dict[str, Any]], gen: int, target: int, timeout_s: float) -> None:
@@ -424,12 +418,17 @@ class Worker:
             self._fire(fault, step)
         return entries, meta
 
-    def _store(self) -> Any:
-        """A store client per generation: an abandoned formation may block its client forever."""
-        host, _, port = self.store_addr.rpartition(":")
-        store = connect_store(host, int(port), self.cfg.cluster.recovery_timeout_s)
-        self._abandoned.keep(store)
-        return store
+    def _form(self, gen: int) -> Communicator:
+        """Generation ``gen``'s group, on a store client of its own (an abandoned formation may
+        block its client forever); both are retired with the generation."""
+        self._retired.forming(gen, True)
+        try:
+            host, _, port = self.store_addr.rpartition(":")
+            store = connect_store(host, int(port), self.cfg.cluster.recovery_timeout_s)
+            self._retired.keep(gen, store)
+            return Communicator.form(store, gen, self.rank, self.world, self.host, self.cfg.cluster.collective_timeout_s, self.device, self.backend)
+        finally:
+            self._retired.forming(gen, False)
 
     def _abandon_group(self) -> None:
         """Let go of the generation's group after a failed or abandoned step: NCCL's is aborted and
@@ -438,7 +437,7 @@ class Worker:
         comm, self.comm = self.comm, None
         if comm is None:
             return
-        self._abandoned.keep(comm)
+        self._retired.keep(comm.gen, comm)
         deadline = self.cfg.cluster.abort_timeout_s
         try:
             comm.release(deadline)
@@ -495,6 +494,9 @@ class Worker:
             log.warning("step %d skipped (%s): loss %s, grad norm %s", step, res.skipped, res.loss, res.grad_norm)
         self.step = step + 1
         self.ctx["step"] = self.step
+        if gen > self._released_before:  # this generation works: what the older ones left can go
+            self._released_before = gen
+            self._retired.release_before(gen)
         if self.rank == 0:
             self.client.send(
                 {
