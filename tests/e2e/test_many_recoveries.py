@@ -2,8 +2,8 @@
 open descriptors, threads and memory stay bounded (every generation's group and store client
 are released once a later generation works).
 
-CI runs 6 recoveries; CKPTLESS_SOAK_RECOVERIES=100 runs the long soak (docs/failure-semantics.md
-has its figures).
+CI runs 6 recoveries; ``CKPTLESS_SOAK_RECOVERIES=100 CKPTLESS_SOAK_EVERY=150 python3 -m pytest
+tests/e2e/test_many_recoveries.py`` runs the long soak (docs/failure-semantics.md has its figures).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 N = int(os.environ.get("CKPTLESS_SOAK_RECOVERIES", "6"))
-EVERY = 60  # steps between faults: the refilled spare (a process start) is ready in time
+EVERY = int(os.environ.get("CKPTLESS_SOAK_EVERY", "60"))  # steps between faults: the refilled spare (a process start) is ready in time
 CFG = (f"train.steps={EVERY * (N + 1)}", "train.log_every=100000", "cluster.spare_nodes=2", f"cluster.max_refills={N}", "cluster.heartbeat_interval_s=0.25", "cluster.heartbeat_timeout_s=3")
 LINE = re.compile(r"generation (\d+) formed: rank 0 of \d+ at step \d+; fds=(\d+) threads=(\d+) rss_mb=([\d.]+)")
 
