@@ -381,15 +381,15 @@ class Coordinator:
         self._emit("node_started", node=name, role=role, workers=self.wpn)
 
     def _make_store(self) -> None:
-        import socket
+        """The rendezvous store (authenticated, bound to cluster.bind_host only: rendezvous.py)."""
+        from ..rendezvous import StoreServer
 
-        import torch.distributed as dist
+        loop = self._loop
+        self.store = StoreServer(self.host, self.secret, on_reject=lambda peer, err: loop.call_soon_threadsafe(self._store_rejected, peer, err))
+        self.store_addr = f"{self.host}:{self.store.port}"
 
-        # our own listening socket, so that the store binds to cluster.bind_host only
-        self._store_sock = socket.create_server((self.host, 0))
-        port = self._store_sock.getsockname()[1]
-        self.store = dist.TCPStore(self.host, port, is_master=True, wait_for_workers=False, master_listen_fd=self._store_sock.fileno())
-        self.store_addr = f"{self.host}:{port}"
+    def _store_rejected(self, peer: Any, error: str) -> None:
+        self._emit("connection_rejected", peer=str(peer), error=error, port="store")
 
     async def run(self) -> int:
         c = self.cfg.cluster
@@ -406,7 +406,8 @@ class Coordinator:
         for name in spare:
             await self._start_node(name, "spare")
         self.active_nodes = set(active)
-        await loop.run_in_executor(None, self._make_store)
+        self._make_store()
+        self._emit("store_ready", address=self.store_addr)
         self._store_ready.set()
         self._persist()
         if self.cfg.train.tensorboard:

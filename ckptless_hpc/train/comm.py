@@ -45,8 +45,11 @@ def within(fn: Callable[[], Any], deadline_s: float, what: str) -> Any:
     return box.get("value")
 
 
-def connect_store(host: str, port: int, timeout_s: float) -> Any:
-    return dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+def connect_store(host: str, port: int, secret: str, timeout_s: float) -> Any:
+    """A client of the job's authenticated rendezvous store (ckptless_hpc.rendezvous)."""
+    from ..rendezvous import AuthStore
+
+    return AuthStore(host, port, secret, timeout_s)
 
 
 class Communicator:

@@ -424,7 +424,7 @@ class Worker:
         self._retired.forming(gen, True)
         try:
             host, _, port = self.store_addr.rpartition(":")
-            store = connect_store(host, int(port), self.cfg.cluster.recovery_timeout_s)
+            store = connect_store(host, int(port), self.secret, self.cfg.cluster.recovery_timeout_s)
             self._retired.keep(gen, store)
             return Communicator.form(store, gen, self.rank, self.world, self.host, self.cfg.cluster.collective_timeout_s, self.device, self.backend)
         finally:

@@ -163,6 +163,11 @@ class LiveJob:
         return host, int(port)
 
     @property
+    def store(self) -> Tuple[str, int]:
+        host, _, port = self.of("store_ready")[0]["address"].rpartition(":")
+        return host, int(port)
+
+    @property
     def coordinator_pid(self) -> int:
         return int(self.of("job_started")[0]["coordinator_pid"])
 

@@ -57,10 +57,10 @@ def test_worker_sockets_bind_to_the_configured_address(live_job):
 
 
 def test_rendezvous_store_binds_to_the_configured_address(live_job):
-    """The coordinator's TCPStore listens on a socket we create on cluster.bind_host."""
+    """The coordinator's rendezvous store (rendezvous.StoreServer) listens on cluster.bind_host."""
     _, control_port = live_job.control
     others = [(a, p) for a, p in live_job.snapshot["coordinator"].listening if p != control_port]
-    assert len(others) == 1, others  # the TCPStore
+    assert len(others) == 1, others  # the rendezvous store
     assert others[0][0] == "127.0.0.1", others
 
 

@@ -37,7 +37,7 @@ ESCAPING = ("deep_nesting", "non_ascii_mac")
 @dataclass
 class Attack:
     name: str
-    target: str  # "control" | "state"
+    target: str  # "control" | "state" | "store"
     client_port: int
     nonce: Optional[str] = None
     welcomed: bool = False
@@ -54,6 +54,7 @@ class Report:
     summary: Dict[str, Any] = field(default_factory=dict)
     events: List[Dict[str, Any]] = field(default_factory=list)
     state_log: str = ""
+    rogue_store: str = ""
 
     def by(self, name: str, target: str) -> List[Attack]:
         return [a for a in self.attacks if a.name == name and a.target == target]
@@ -144,7 +145,7 @@ def _attacks_once(addr: Tuple[str, int], target: str, secret: str) -> List[Attac
     # (d) a wrong MAC, a missing MAC, a request before authentication
     out.append(_send_and_watch(addr, "wrong_mac", target, _frame({"type": "auth", "mac": "0" * 64})))
     out.append(_send_and_watch(addr, "missing_mac", target, _frame({"type": "auth"})))
-    first = {"control": {"type": "hello", "node": "local0", "local": 0, "pid": 1, "host": "x"}, "state": {"type": "fetch", "gen": 0, "step": 0}}
+    first = {"control": {"type": "hello", "node": "local0", "local": 0, "pid": 1, "host": "x"}, "state": {"type": "fetch", "gen": 0, "step": 0}, "store": {"type": "store", "op": "num_keys"}}
     out.append(_send_and_watch(addr, "skip_auth", target, _frame(first[target])))
     # (e) replay: a MAC valid for one nonce is worthless on a new connection (new nonce)
     sock, a = _challenged(addr, "replay_source", target)
@@ -234,10 +235,12 @@ def attacked(live_job) -> Report:
     secret = job.secret()  # the job's own user reads it (docs/security.md); an attacker would not
     control = job.control
     state = (control[0], job.state_ports[STATE_WORKER])
+    store = job.store
     loris = [SlowLoris(control, "control", drip=False), SlowLoris(control, "control", drip=True), SlowLoris(state, "state", drip=False)]
-    for target, addr in (("control", control), ("state", state)):
+    for target, addr in (("control", control), ("state", state), ("store", store)):
         rep.attacks += _attacks_once(addr, target, secret)
-    rep.attacks += _flood([("control", *control), ("state", *state)], FLOOD)
+    rep.attacks += _flood([("control", *control), ("state", *state), ("store", *store)], FLOOD)
+    rep.rogue_store = _rogue_tcpstore_client(store)
     # the coordinator ends an unfinished handshake after 5 s, dripped bytes or not
     for sl in loris[:2]:
         sl.wait_server_close(30)
@@ -272,9 +275,25 @@ def _rejected_state_ports(rep: Report) -> Dict[int, str]:
 # ---------------------------------------------------------------------------- the checks
 
 
+def _rogue_tcpstore_client(addr: Tuple[str, int]) -> str:
+    """What torch's own TCPStore client gets from the job's rendezvous port without the secret
+    (the attack of issue 13: list the keys, write garbage under the next generations' names)."""
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    try:
+        rogue = dist.TCPStore(addr[0], addr[1], is_master=False, timeout=timedelta(seconds=3))
+        rogue.set("gen1/0/0", b"garbage")
+        keys = rogue.list_keys() if hasattr(rogue, "list_keys") else []
+        return f"GOT IN: wrote a key, listed {keys!r}"
+    except Exception as e:  # noqa: BLE001 - any refusal will do; what matters is that nothing got in
+        return f"refused: {type(e).__name__}: {str(e)[:200]}"
+
+
 def test_attackers_never_get_in(attacked):
     rep = attacked
-    for target in ("control", "state"):
+    assert rep.rogue_store.startswith("refused"), rep.rogue_store
+    for target in ("control", "state", "store"):
         (source,) = rep.by("replay_source", target)
         (replay,) = rep.by("replay", target)
         assert source.welcomed, "the captured MAC was valid for its own nonce"
@@ -285,7 +304,7 @@ def test_attackers_never_get_in(attacked):
             assert not a.welcomed, f"{a.target}: attack {a.name} was welcomed"
     # refused and closed by the server, not left waiting for 4 GB / 1 MB that never come
     for name in ("garbage_http", "garbage_framed", "not_an_object", "huge_length", "max_frame_plus_1", "wrong_mac", "missing_mac", "skip_auth", "replay"):
-        for a in rep.by(name, "control") + rep.by(name, "state"):
+        for a in rep.by(name, "control") + rep.by(name, "state") + rep.by(name, "store"):
             assert a.server_closed, f"{a.target}: the server did not close the connection after {name}"
     for a in rep.by("slow_loris", "control") + rep.by("slow_loris_drip", "control"):
         assert a.server_closed, f"the coordinator kept a half-finished handshake ({a.name}) open"
@@ -313,6 +332,19 @@ def test_control_port_rejections_are_logged(attacked):
     assert "authentication failed" in by_name["wrong_mac"] and "authentication failed" in by_name["replay"]
     assert "exceeds" in by_name["huge_length"] and "exceeds" in by_name["garbage_http"]
     assert "malformed" in by_name["garbage_framed"] and "malformed" in by_name["not_an_object"]
+
+
+def test_store_port_rejections_are_logged(attacked):
+    rejected = {}
+    for e in attacked.events:
+        if e["event"] == "connection_rejected" and e.get("port") == "store":
+            m = re.search(r", (\d+)\)", e["peer"])
+            rejected[int(m.group(1))] = e["error"]
+    attempts = [a for a in attacked.attacks if a.target == "store" and a.name not in ESCAPING + ("replay_source",)]  # replay_source knew the secret
+    missing = [(a.name, a.client_port) for a in attempts if a.client_port not in rejected]
+    assert not missing, f"attempts on the rendezvous store without a connection_rejected event: {missing}"
+    by_name = {a.name: rejected[a.client_port] for a in attempts}
+    assert "authentication failed" in by_name["wrong_mac"] and "authentication failed" in by_name["replay"]
 
 
 def test_state_port_rejections_are_logged(attacked):

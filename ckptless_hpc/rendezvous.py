@@ -1,0 +1,178 @@
+"""The job's rendezvous store, authenticated: what every generation's group exchanges to form
+(gloo's peer addresses, NCCL's unique id) goes through a key-value server in the coordinator
+that accepts nothing before the peer proves it knows the job secret (the handshake of
+:mod:`ckptless_hpc.protocol`). torch's TCPStore has no authentication: anyone who could reach
+its port could list, read and overwrite the job's keys and break every later generation.
+
+``AuthStore`` is a ``torch.distributed.Store`` (the Python trampoline) over one authenticated
+connection; groups use it like any store (``PrefixStore("gen<g>", store)``). Values travel as
+base64 in the protocol's JSON frames; a blocking ``get``/``wait`` is answered when the key
+exists or the timeout passes.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import socket
+import threading
+from datetime import timedelta
+from typing import Any, Dict, List, Optional
+
+import torch.distributed as dist
+
+from . import protocol
+
+log = logging.getLogger(__name__)
+MAX_CLIENTS = 4096
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+class StoreServer:
+    """The coordinator's side: one thread per authenticated client, one dict, one condition."""
+
+    def __init__(self, host: str, secret: str, on_reject: Optional[Any] = None) -> None:
+        self._secret = secret
+        self._data: Dict[str, bytes] = {}
+        self._cv = threading.Condition()
+        self._sock = socket.create_server((host, 0), backlog=1024)
+        self.host, self.port = host, self._sock.getsockname()[1]
+        self.rejected = 0
+        self._on_reject = on_reject
+        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        threading.Thread(target=self._accept, name="store-server", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, addr = self._sock.accept()
+            except OSError:
+                return
+            if not self._slots.acquire(blocking=False):
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn, addr), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, addr: Any) -> None:
+        authenticated = False
+        try:
+            conn.settimeout(HANDSHAKE_TIMEOUT_S)
+            protocol.server_handshake(conn, self._secret)
+            authenticated = True
+            conn.settimeout(None)
+            while True:
+                req = protocol.recv_msg(conn)
+                protocol.send_msg(conn, {"type": "store", **self._answer(req)})
+        except (protocol.ProtocolError, KeyError, TypeError, ValueError) as e:
+            self._reject(addr, str(e))
+        except (ConnectionError, OSError) as e:
+            if not authenticated:  # gone before proving anything: counted as a rejection
+                self._reject(addr, f"connection closed before authentication ({type(e).__name__})")
+            # else: a client that went away (a retired generation's store client)
+        finally:
+            conn.close()
+            self._slots.release()
+
+    def _reject(self, addr: Any, why: str) -> None:
+        self.rejected += 1
+        log.warning("store request from %s rejected: %s", addr, why)
+        if self._on_reject is not None:
+            self._on_reject(addr, why)
+
+    def _answer(self, req: Dict[str, Any]) -> Dict[str, Any]:
+        op = req["op"]
+        with self._cv:
+            if op == "set":
+                self._data[req["key"]] = base64.b64decode(req["value"])
+                self._cv.notify_all()
+                return {"ok": True}
+            if op == "get" or op == "wait":
+                keys = [req["key"]] if op == "get" else list(req["keys"])
+                if not self._cv.wait_for(lambda: all(k in self._data for k in keys), float(req["timeout_s"])):
+                    missing = [k for k in keys if k not in self._data]
+                    return {"ok": False, "error": f"timed out after {req['timeout_s']}s waiting for {missing[:3]}"}
+                return {"ok": True, "value": base64.b64encode(self._data[keys[0]]).decode() if op == "get" else None}
+            if op == "add":
+                v = int(self._data.get(req["key"], b"0")) + int(req["amount"])
+                self._data[req["key"]] = str(v).encode()
+                self._cv.notify_all()
+                return {"ok": True, "value": v}
+            if op == "check":
+                return {"ok": True, "value": all(k in self._data for k in req["keys"])}
+            if op == "delete":
+                return {"ok": True, "value": self._data.pop(req["key"], None) is not None}
+            if op == "num_keys":
+                return {"ok": True, "value": len(self._data)}
+            if op == "compare_set":
+                cur, expected, desired = self._data.get(req["key"]), base64.b64decode(req["expected"]), base64.b64decode(req["desired"])
+                if (cur is None and not expected) or cur == expected:
+                    self._data[req["key"]] = desired
+                    self._cv.notify_all()
+                    cur = desired
+                return {"ok": True, "value": base64.b64encode(cur if cur is not None else expected).decode()}
+        raise ValueError(f"unknown store operation {op!r}")
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def _b(value: Any) -> bytes:
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+class AuthStore(dist.Store):
+    """A worker's client of the job's StoreServer (one authenticated connection)."""
+
+    def __init__(self, host: str, port: int, secret: str, timeout_s: float) -> None:
+        super().__init__()
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._sock = protocol.connect(host, port, secret, timeout_s=timeout_s)
+        self._sock.settimeout(None)
+        self._addr = f"{host}:{port}"
+
+    def _call(self, **req: Any) -> Any:
+        with self._lock:
+            self._sock.settimeout(self._timeout_s + 10.0)  # the server answers a blocking get at its timeout
+            protocol.send_msg(self._sock, {"type": "store", **req})
+            ans = protocol.recv_msg(self._sock)
+        if not ans.get("ok"):
+            raise RuntimeError(f"store {self._addr}: {req['op']} failed: {ans.get('error')}")
+        return ans.get("value")
+
+    def set(self, key: str, value: Any) -> None:
+        self._call(op="set", key=key, value=base64.b64encode(_b(value)).decode())
+
+    def get(self, key: str) -> bytes:
+        return base64.b64decode(self._call(op="get", key=key, timeout_s=self._timeout_s))
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._call(op="add", key=key, amount=int(amount)))
+
+    def wait(self, keys: List[str], timeout: Optional[timedelta] = None) -> None:
+        t = self._timeout_s if timeout is None else timeout.total_seconds()
+        self._call(op="wait", keys=list(keys), timeout_s=t)
+
+    def check(self, keys: List[str]) -> bool:
+        return bool(self._call(op="check", keys=list(keys)))
+
+    def delete_key(self, key: str) -> bool:
+        return bool(self._call(op="delete", key=key))
+
+    def num_keys(self) -> int:
+        return int(self._call(op="num_keys"))
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        v = self._call(op="compare_set", key=key, expected=base64.b64encode(_b(expected)).decode(), desired=base64.b64encode(_b(desired)).decode())
+        return base64.b64decode(v)
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    def __del__(self) -> None:
+        self.close()
