@@ -4,8 +4,12 @@
 
 Each run injects 1-3 faults (kinds, ranks, steps and moments of the recovery protocol drawn at
 random) into a real local job and must end with the final state's sha256 equal to the
-fault-free run of the same config. Prints one line per schedule and a verdict; exits 1 if any
-run lost or corrupted state (a wrong hash, a failed or stopped job), 2 on bad arguments.
+fault-free run of the same config, with every planned fault fired: a fault that never fired
+proves nothing, so a schedule some of whose faults did not fire (a moment that never came, say
+a transfer the rank was never asked to serve) is re-drawn, up to ``redraws`` times, and
+reported. Prints one line per schedule (fired/planned) and a verdict; exits 1 if any run lost
+or corrupted state (a wrong hash, a failed or stopped job) or still had unfired faults, 2 on
+bad arguments.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-DEFAULTS: Dict[str, Any] = {"runs": 10, "seed": 0, "steps": 60, "nodes": 3, "workers_per_node": 1, "task": "mlp", "out": "chaos-runs", "timeout_s": 300}
+DEFAULTS: Dict[str, Any] = {"runs": 10, "seed": 0, "steps": 60, "nodes": 3, "workers_per_node": 1, "task": "mlp", "out": "chaos-runs", "timeout_s": 300, "redraws": 3}
 KINDS = ("kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
 
 
@@ -80,6 +84,23 @@ def _run(run_dir: str, overrides: List[str], timeout_s: float) -> Tuple[int, Opt
         return rc, None
 
 
+def _one(i: int, attempt: int, base: List[str], out: str, opts: Dict[str, Any], rng: random.Random, want: str) -> Dict[str, Any]:
+    """Run one drawn schedule; its verdict: the oracle held, and how many planned faults fired."""
+    faults = random_schedule(rng, opts["steps"], opts["nodes"], opts["workers_per_node"])
+    t0 = time.monotonic()
+    rc, s = _run(os.path.join(out, f"run{i:03d}" + (f"-redraw{attempt}" if attempt else "")), base + ["fault=none", schedule_override(faults)], opts["timeout_s"])
+    oracle = rc == 0 and s is not None and s["final_state_sha256"] == want
+    fired = len((s or {}).get("faults_fired", []))
+    downs = [r["downtime_s"] for r in (s or {}).get("recoveries", [])]
+    desc = "; ".join(f"{f['kind']}" + (f" r{f['rank']}" if "rank" in f else "") + (f" n{f['node']}" if "node" in f else "") + f" @{f['step']}" + (f"/{f['at']}" if "at" in f else "") for f in faults)
+    verdict = "ok" if oracle and fired == len(faults) else ("FAIL" if not oracle else "UNFIRED")
+    print(f"{i:>4}{'r' if attempt else ' '} {verdict:<7} {rc:>4} {fired:>2}/{len(faults):<2}  {len(downs)} ({', '.join(f'{d:.2f}' for d in downs)})".ljust(54) + f" {desc}", flush=True)
+    return {
+        "run": i, "attempt": attempt, "ok": verdict == "ok", "oracle": oracle, "exit_code": rc, "faults": faults, "fired": fired, "planned": len(faults),
+        "downtimes_s": downs, "wall_s": round(time.monotonic() - t0, 2), "status": (s or {}).get("status"),
+    }
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         opts = parse_args(sys.argv[1:] if argv is None else argv)
@@ -99,22 +120,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"the fault-free baseline failed (exit {rc}); see {out}/baseline", file=sys.stderr)
         return 1
     print(f"baseline sha256 {ref['final_state_sha256'][:16]}  ({opts['task']}, {opts['steps']} steps, {opts['nodes']}x{opts['workers_per_node']} ranks)")
-    print(f"{'run':>4}  {'ok':<4} {'exit':>4} {'fired':>5}  {'recoveries (downtime s)':<28} faults")
-    results = []
+    print(f"{'run':>5} {'verdict':<7} {'exit':>4} {'fired':>5}  {'recoveries (downtime s)':<28} faults")
+    results, redrawn = [], []
     for i in range(opts["runs"]):
-        faults = random_schedule(rng, opts["steps"], opts["nodes"], opts["workers_per_node"])
-        t0 = time.monotonic()
-        rc, s = _run(os.path.join(out, f"run{i:03d}"), base + ["fault=none", schedule_override(faults)], opts["timeout_s"])
-        ok = rc == 0 and s is not None and s["final_state_sha256"] == ref["final_state_sha256"]
-        downs = [r["downtime_s"] for r in (s or {}).get("recoveries", [])]
-        desc = "; ".join(f"{f['kind']}" + (f" r{f['rank']}" if "rank" in f else "") + (f" n{f['node']}" if "node" in f else "") + f" @{f['step']}" + (f"/{f['at']}" if "at" in f else "") for f in faults)
-        fired = len((s or {}).get("faults_fired", []))
-        print(f"{i:>4}  {'ok' if ok else 'FAIL':<4} {rc:>4} {fired:>2}/{len(faults):<2}  {len(downs)} ({', '.join(f'{d:.2f}' for d in downs)})".ljust(50) + f" {desc}", flush=True)
-        results.append({"run": i, "ok": ok, "exit_code": rc, "faults": faults, "faults_fired": fired, "downtimes_s": downs, "wall_s": round(time.monotonic() - t0, 2), "status": (s or {}).get("status")})
+        for attempt in range(opts["redraws"] + 1):
+            r = _one(i, attempt, base, out, opts, rng, ref["final_state_sha256"])
+            if r["oracle"] is False or r["fired"] == r["planned"] or attempt == opts["redraws"]:
+                break
+            redrawn.append(r)
+        results.append(r)
     failed = [r for r in results if not r["ok"]]
     with open(os.path.join(out, "chaos.json"), "w", encoding="utf-8") as f:
-        json.dump({"options": opts, "baseline_sha256": ref["final_state_sha256"], "runs": results}, f, indent=2)
-    print(f"{len(results) - len(failed)}/{len(results)} schedules kept the oracle" + (f"; FAILED: {[r['run'] for r in failed]}" if failed else ""))
+        json.dump({"options": opts, "baseline_sha256": ref["final_state_sha256"], "runs": results, "redrawn": redrawn}, f, indent=2)
+    fired, planned = sum(r["fired"] for r in results), sum(r["planned"] for r in results)
+    print(
+        f"{len(results) - len(failed)}/{len(results)} schedules kept the oracle with every planned fault fired ({fired}/{planned} faults fired; "
+        f"{len(redrawn)} schedule(s) re-drawn for unfired faults)" + (f"; FAILED: {[r['run'] for r in failed]}" if failed else "")
+    )
     return 1 if failed else 0
 
 

@@ -74,12 +74,15 @@ def due(faults: Iterable[Fault], done: Iterable[int], rank: int, workers_per_nod
     return None
 
 
+def straggler(faults: Iterable[Fault], rank: int, step: int) -> Optional[Fault]:
+    """The straggler fault active for this rank at this step, if any (pure)."""
+    return next((f for f in faults if f.kind == "slow" and f.rank == rank and f.step <= step < f.step + f.duration), None)
+
+
 def slowdown(faults: Iterable[Fault], rank: int, step: int) -> float:
     """Step-time multiplier of a straggler fault active for this rank at this step (1.0 = none)."""
-    for f in faults:
-        if f.kind == "slow" and f.rank == rank and f.step <= step < f.step + f.duration:
-            return f.factor
-    return 1.0
+    f = straggler(faults, rank, step)
+    return f.factor if f is not None else 1.0
 
 
 def spare_fault_due(faults: Iterable[Fault], done: Iterable[int], step: int) -> Optional[Fault]:

@@ -223,7 +223,8 @@ class Coordinator:
         elif kind == "fault":
             self.faults_done.add(int(msg["index"]))
             ev = self._emit("fault_injected", rec, step=msg.get("step"), kind=msg.get("kind"), index=msg.get("index"), pid=msg.get("pid"))
-            self.fault_times.append(ev["time"])  # the recovery's t_fail is this event's time
+            if msg.get("kind") != "slow":  # a straggler fails nothing: never a recovery's t_fail
+                self.fault_times.append(ev["time"])  # the recovery's t_fail is this event's time
             self._persist()
         elif kind == "done":
             self._g(int(msg["gen"])).done[rec.wid] = msg

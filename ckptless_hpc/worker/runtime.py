@@ -513,9 +513,12 @@ class Worker:
 
     def _after_backward(self, step: int, t0: float) -> None:
         """The injected faults of this step, after its backward and before its collectives land."""
-        factor = faultlib.slowdown(self.faults, self.rank, step)
-        if factor > 1:  # an injected straggler: alive, just slow
-            time.sleep((factor - 1) * (time.perf_counter() - t0))
+        slow = faultlib.straggler(self.faults, self.rank, step)
+        if slow is not None:  # an injected straggler: alive, just slow; reported once, as it starts
+            if slow.index not in self.faults_done:
+                self.faults_done.add(slow.index)
+                self.client.send({"type": "fault", "index": slow.index, "kind": slow.kind, "at": "step", "gen": self.gen, "rank": self.rank, "step": step, "pid": os.getpid()})
+            time.sleep((slow.factor - 1) * (time.perf_counter() - t0))
         self.compute_s = time.perf_counter() - t0
         fault = self._due("step", step)
         if fault is not None:
