@@ -394,7 +394,7 @@ class Coordinator:
 
     async def run(self) -> int:
         c = self.cfg.cluster
-        loop = self._loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         self._store_ready = asyncio.Event()
         self.host = protocol.resolve_host(c.bind_host)
         server = await asyncio.start_server(self._handle, host=self.host, port=0)

@@ -18,7 +18,6 @@ thread count.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -39,6 +38,7 @@ from ..state.transfer import Arena, StaleState, StateServer, TransferError, fetc
 from ..train import cuda
 from ..train.comm import Communicator, DeadlineExceeded, Retired, connect_store, resources, within
 from ..train.engine import Engine, StepResult
+from . import last_resort
 from .control import ControlClient, exit_now
 
 log = logging.getLogger("ckptless_hpc.worker")
@@ -197,73 +197,11 @@ class Worker:
         exit_now(EXIT_COORDINATOR_LOST)
 
     def _last_resort(self) -> None:
-        """Coordinator gone on Slurm: the first rank to claim the lock saves its committed state
-        once, records it for the restart, and requeues the job; every worker then exits. A hot
-        spare claims the lock only when no rank has within ``ORPHANED_SPARE_WAIT_S`` (every rank
-        died with the coordinator): it requeues from the last copy there is, or from step 0."""
-        from ..slurm.env import SlurmEnvironment
-
-        env = SlurmEnvironment()
-        state_dir = os.path.join(self.run_dir, "state")
-        os.makedirs(state_dir, exist_ok=True)
-        lock = os.path.join(state_dir, f"last-resort-{env.restart_count}.lock")
-        spare = self.rank is None or self.step is None
-        if spare:
-            deadline = time.monotonic() + ORPHANED_SPARE_WAIT_S
-            while time.monotonic() < deadline and not os.path.exists(lock):
-                time.sleep(0.2)
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            log.info("another worker writes the last-resort copy and requeues")
-            exit_now(EXIT_COORDINATOR_LOST)
-        os.write(fd, f"{self.node} {os.getpid()} {'spare' if spare else f'rank {self.rank}'}\n".encode())
-        os.close(fd)
-        restart_path = os.path.join(self.run_dir, "restart.json")
-        try:
-            with open(restart_path, encoding="utf-8") as f:
-                restart = json.load(f)
-        except (OSError, ValueError):
-            restart = {}
-        if spare:
-            saved = restart.get("saved")
-            log.error("no rank survived the coordinator: requeueing; the job restarts from %s", f"the copy of step {saved['step']}" if saved else "step 0 (no copy was ever written)")
-        else:
-            saved = restart["saved"] = self._save(os.path.join(state_dir, "emergency.pt"))
-            restart["faults_done"] = sorted(set(restart.get("faults_done", [])) | self.faults_done)
-        restart["excluded_nodes"] = sorted(set(restart.get("excluded_nodes", [])) | set(filter(None, [restart.get("batch_node")])))
-        with open(restart_path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(restart, f, indent=2)
-        os.replace(restart_path + ".tmp", restart_path)
-        self._requeue_or_cancel(env, saved)
+        """Coordinator gone on Slurm: save once and requeue (worker/last_resort.py); then exit."""
+        last_resort.run(
+            self.run_dir, self.node, self.rank, self.step, self.faults_done, self.cfg.cluster.max_requeues, self._save, spare_wait_s=ORPHANED_SPARE_WAIT_S
+        )
         exit_now(EXIT_COORDINATOR_LOST)
-
-    def _requeue_or_cancel(self, env: Any, saved: Optional[Dict[str, Any]]) -> None:
-        """Requeue the headless job; past ``cluster.max_requeues`` cancel it instead, so that it
-        does not hold its allocation with nobody left to train (the copy stays in the run dir)."""
-        from ..slurm import commands
-
-        job_id = env.require_job_id()
-        try:
-            state = commands.job_state(job_id)
-        except commands.SlurmCommandError as e:  # cannot tell: act as if it still runs
-            log.warning("could not read the state of job %s (%s); assuming RUNNING", job_id, e)
-            state = "RUNNING"
-        try:
-            if state != "RUNNING":  # cancelled, timed out or requeued already: Slurm is ending this run
-                log.warning("job %s is %s: Slurm is already ending this run; not requeueing", job_id, state)
-            elif env.restart_count >= self.cfg.cluster.max_requeues:
-                log.error(
-                    "not requeueing: already requeued %d time(s) (cluster.max_requeues=%d); cancelling job %s. "
-                    "HINT: the last copy stays in %s/state; raise cluster.max_requeues to allow more restarts",
-                    env.restart_count, self.cfg.cluster.max_requeues, job_id, self.run_dir,
-                )
-                commands.cancel_job(job_id)
-            else:
-                commands.requeue(job_id)
-                log.warning("job %s requeued; it resumes from step %d", job_id, saved["step"] if saved else 0)
-        except commands.SlurmCommandError as e:
-            log.error("requeue/cancel of job %s failed: %s. HINT: requeue it by hand (scontrol requeue %s) or scancel it", job_id, e, job_id)
 
     def serve_forever(self) -> None:
         while True:

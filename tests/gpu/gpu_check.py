@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from bench.common import SIZES, JobRun, median, run_ckptless, task_overrides  # noqa: E402
+from bench.common import SIZES, median, run_ckptless, task_overrides  # noqa: E402
 
 FAST_HB = ["cluster.heartbeat_interval_s=0.25", "cluster.heartbeat_timeout_s=2"]
 
