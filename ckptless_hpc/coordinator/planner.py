@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 
+MAX_SOURCES = 4  # state sources named per worker: a few alternatives, never every survivor
+
+
 @dataclass(frozen=True)
 class Spare:
     worker: str
@@ -46,13 +49,16 @@ def plan_recovery(
     spares: Sequence[Spare],
     active_nodes: Set[str],
     bad_nodes: Set[str],
+    max_sources: int = MAX_SOURCES,
 ) -> Tuple[Optional[Plan], str]:
     """Replace every failed rank by a spare and pick state sources. Returns (plan or None, reason).
 
     The target step is the newest step any survivor holds: a survivor can be one step ahead
     when an allreduce completed on part of the ring (its result is valid: every rank
     contributed). Survivors behind it and the promoted spares fetch the state, the sources
-    being spread over the survivors that hold the target.
+    being spread over the survivors that hold the target: at most ``max_sources`` each (the
+    first is the one to use, the others are fallbacks), so that an assign stays small at any
+    world size.
     """
     survivors = {r: w for r, w in ranks.items() if w not in failed}
     steps = {w: held.get(w) for w in survivors.values()}
@@ -69,6 +75,12 @@ def plan_recovery(
     new_ranks = dict(survivors)
     new_ranks.update(promoted)
     needing = [w for r, w in sorted(new_ranks.items()) if r in promoted or known.get(w) != target]
-    sources = {w: holders[i % len(holders) :] + holders[: i % len(holders)] for i, w in enumerate(needing)}
+    sources = {w: spread_sources(holders, i, max_sources) for i, w in enumerate(needing)}
     reason = f"target step {target}; " + ", ".join(f"rank {r} -> {w}" for r, w in promoted.items())
     return Plan(target, dict(sorted(new_ranks.items())), promoted, sources), reason
+
+
+def spread_sources(holders: Sequence[str], i: int, k: int) -> List[str]:
+    """The i-th fetcher's sources: k holders starting at holder i (mod), so load is spread."""
+    n = len(holders)
+    return [holders[(i + j) % n] for j in range(min(k, n))]

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 from omegaconf import OmegaConf
 
 from .. import protocol
+from . import messages
 from ..config import fault_list
 from ..metrics import EventLog, Recovery, TensorBoardSink, goodput
 from ..progress import LogTail, Progress, Snapshot
@@ -143,6 +144,9 @@ class Coordinator:
             return
         try:
             rec.writer.write(protocol.encode(msg))
+        except protocol.ProtocolError as e:  # a bug, not the peer's fault: say so and keep the job alive
+            log.error("gen=%s rank=%s node=%s: %s %s not sent: %s. HINT: this is a coordinator bug; please report it", self.gen, rec.rank, rec.node, msg.get("type"), rec.wid, e)
+            self._emit("send_refused", rec, type=msg.get("type"), error=str(e))
         except (ConnectionError, RuntimeError) as e:
             log.warning("send to %s failed: %s", rec.wid, e)
 
@@ -479,14 +483,12 @@ class Coordinator:
         return len(done) == self.world and all(w in done for w in self.ranks.values())
 
     def _assign(self, ranks: Dict[int, str], step: int, sources: Dict[str, List[str]], load: Optional[Dict[str, Any]] = None) -> None:
+        done = sorted(self.faults_done)
+        ends = _Endpoints(self.workers)
         for r, wid in ranks.items():
             rec = self.workers[wid]
             rec.rank, rec.role = r, "active"
-            src = [{"worker": s, "host": self.workers[s].host, "port": self.workers[s].state_port} for s in sources.get(wid, [])]
-            msg = {"type": "assign", "gen": self.gen, "rank": r, "world": self.world, "step": step, "sources": src, "faults_done": sorted(self.faults_done)}
-            if load:
-                msg["load"] = load
-            self._send(rec, msg)
+            self._send(rec, messages.assign(self.gen, r, self.world, step, sources.get(wid, ()), ends, done, load))
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self) -> Optional[int]:
@@ -724,6 +726,17 @@ class Coordinator:
                 self.launcher.kill_worker(w.wid)
         await self.launcher.shutdown(self.cfg.cluster.exit_timeout_s)
         self.events.close()
+
+
+class _Endpoints:
+    """A worker's (host, state port) by id, read on demand: no per-assign copy of all workers."""
+
+    def __init__(self, workers: Dict[str, WorkerRec]) -> None:
+        self._w = workers
+
+    def __getitem__(self, wid: str) -> messages.Endpoint:
+        w = self._w[wid]
+        return w.host, w.state_port
 
 
 def _node_order(name: str) -> tuple:

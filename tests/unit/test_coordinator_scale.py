@@ -1,0 +1,62 @@
+"""The coordinator at 10k-100k ranks, without sockets: bounded messages, linear work."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ckptless_hpc import protocol
+from ckptless_hpc.coordinator import messages
+from ckptless_hpc.coordinator.planner import MAX_SOURCES, Spare, plan_recovery
+from ckptless_hpc.coordinator.server import Coordinator, WorkerRec
+from coordlib import FakeWriter, NoLauncher, cfg
+
+pytestmark = pytest.mark.timeout(60)
+
+WORLD = 100_000
+
+
+def _ranks(world: int, wpn: int = 1):
+    return {r: f"n{r // wpn}.{r % wpn}" for r in range(world)}
+
+
+def test_a_mass_failure_names_a_few_sources_per_fetcher_spread_over_holders():
+    ranks = _ranks(WORLD, 4)
+    failed = {w for r, w in ranks.items() if r % 40 < 4}  # every 10th node of 4 ranks
+    held = {w: (11 if r % 2 else 10) for r, w in ranks.items() if w not in failed}  # half are a step behind
+    spares = [Spare(f"s{i // 4}.{i % 4}", f"s{i // 4}", True) for i in range(len(failed))]
+    plan, reason = plan_recovery(ranks, failed, held, spares, {f"n{i}" for i in range(WORLD // 4)}, set())
+    assert plan is not None, reason
+    assert plan.target_step == 11 and len(plan.promoted) == len(failed)
+    assert all(1 <= len(s) <= MAX_SOURCES for s in plan.sources.values())
+    first = {}
+    for s in plan.sources.values():
+        first[s[0]] = first.get(s[0], 0) + 1
+    assert max(first.values()) <= 2  # no holder serves many more than its share
+
+
+def test_an_assign_stays_far_below_the_frame_limit_at_100k_ranks():
+    ranks = _ranks(WORLD)
+    held = {w: 5 for w in ranks.values() if w != "n7.0"}
+    plan, _ = plan_recovery(ranks, {"n7.0"}, held, [Spare("s.0", "s", True)], set(), set())
+    ends = {w: ("10.0.0.1", 40000) for w in ranks.values()}
+    msg = messages.assign(3, 7, WORLD, 5, plan.sources["s.0"], ends, list(range(50)))
+    assert len(protocol.encode(msg)) < 4096 < protocol.MAX_FRAME
+    assert [s["worker"] for s in msg["sources"]] == plan.sources["s.0"]
+
+
+def _coordinator(tmp_path, **kw):
+    c = Coordinator(cfg("task=mlp", "cluster.nodes=2"), str(tmp_path), NoLauncher(), "s" * 64, "job-test", **kw)
+    return c
+
+
+def test_an_oversized_message_is_refused_by_name_not_raised(tmp_path, caplog):
+    c = _coordinator(tmp_path)
+    rec = c.workers["n0.0"] = WorkerRec("n0.0", "n0", 0, "active", writer=FakeWriter(), rank=0)
+    c._send(rec, {"type": "assign", "junk": "x" * (protocol.MAX_FRAME + 1)})  # must not raise
+    assert rec.writer.frames == []
+    assert "assign" in caplog.text and "n0.0" in caplog.text and "HINT" in caplog.text
+    c.events.close()
+    ev = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert ev[-1]["event"] == "send_refused" and ev[-1]["rank"] == 0 and ev[-1]["node"] == "n0"
