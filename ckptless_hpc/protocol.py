@@ -15,9 +15,11 @@ import hashlib
 import hmac
 import json
 import os
+import random
 import secrets
 import socket
 import struct
+import time
 from typing import Any, Dict, Optional
 
 MAX_FRAME = 1 << 20
@@ -141,11 +143,54 @@ def server_handshake(sock: socket.socket, secret: str) -> None:
 
 
 def connect(host: str, port: int, secret: str, timeout_s: float = 10.0) -> socket.socket:
+    """One attempt: connect and authenticate within ``timeout_s`` (state transfer: a dead
+    source must fail fast so that the next one is tried)."""
     sock = socket.create_connection((host, port), timeout=timeout_s)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    client_handshake(sock, secret)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client_handshake(sock, secret)
+    except BaseException:
+        sock.close()
+        raise
     sock.settimeout(None)
     return sock
+
+
+def backoff_s(attempt: int, rng: random.Random, base_s: float = 0.1, cap_s: float = 3.0) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap_s, base_s * 2**attempt)]."""
+    return rng.uniform(0.0, min(cap_s, base_s * (2 ** min(attempt, 30))))
+
+
+def attempt_wait_s(attempt: int, first_s: float = 2.0, cap_s: float = 10.0) -> float:
+    """How long one attempt waits for the server's challenge: doubles, up to ``cap_s``."""
+    return min(cap_s, first_s * (2 ** min(attempt, 30)))
+
+
+def connect_paced(host: str, port: int, secret: str, timeout_s: float = 120.0, first_wait_s: float = 2.0, rng: Optional[random.Random] = None) -> socket.socket:
+    """Connect to a server that thousands of clients reach at once (the coordinator).
+
+    The server speaks first, and a full listen queue drops a connection that the client
+    believes open: so each attempt waits a bounded time for the challenge, then the client
+    closes, backs off (jittered, so the burst spreads) and tries again, until ``timeout_s``.
+    A failed authentication is not retried.
+    """
+    rng = rng or random.Random()
+    deadline = time.monotonic() + timeout_s
+    errors = []
+    for attempt in range(1 << 30):
+        left = deadline - time.monotonic()
+        try:
+            return connect(host, port, secret, timeout_s=max(0.05, min(left, attempt_wait_s(attempt, first_wait_s))))
+        except (TimeoutError, ConnectionError) as e:
+            errors.append(type(e).__name__)
+        pause = backoff_s(attempt, rng)
+        if time.monotonic() + pause >= deadline:
+            break
+        time.sleep(pause)
+    raise ConnectionError(
+        f"could not reach {host}:{port} within {timeout_s:.0f}s ({len(errors)} attempts: {', '.join(sorted(set(errors)))}). "
+        "HINT: check that the coordinator is running and that this node can reach cluster.bind_host"
+    )
 
 
 # ---------------------------------------------------------------------------- asyncio side

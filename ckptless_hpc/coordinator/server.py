@@ -30,6 +30,10 @@ from .planner import Spare, initial_ranks, plan_recovery
 
 log = logging.getLogger("ckptless_hpc.coordinator")
 
+# every rank connects at once at start-up: the kernel caps this at net.core.somaxconn (often
+# 4096), and clients whose connection a full queue dropped retry (protocol.connect_paced)
+LISTEN_BACKLOG = 65535
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_NO_SPARE = 3
@@ -400,7 +404,7 @@ class Coordinator:
         loop = self._loop = asyncio.get_running_loop()
         self._store_ready = asyncio.Event()
         self.host = protocol.resolve_host(c.bind_host)
-        server = await asyncio.start_server(self._handle, host=self.host, port=0)
+        server = await asyncio.start_server(self._handle, host=self.host, port=0, backlog=LISTEN_BACKLOG)
         self.address = f"{self.host}:{server.sockets[0].getsockname()[1]}"
         self._emit("job_started", address=self.address, coordinator_pid=os.getpid(), host=socket.gethostname(), world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
         log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
