@@ -70,6 +70,50 @@ class Recovery:
         return d
 
 
+class StepLog:
+    """Rank 0's per-step figures in bounded memory, O(1) per step at any step count.
+
+    The last ``window`` steps are kept (a step redone after a recovery replaces its own entry,
+    so that it counts once); older steps are folded into running totals. The event log on disk
+    keeps every step.
+    """
+
+    def __init__(self, window: int = 256) -> None:
+        self.window = window
+        self._recent: Dict[int, tuple] = {}  # step -> (step_s, loss), oldest first
+        self._recent_s = 0.0
+        self._folded_s = 0.0
+        self.last_step: Optional[int] = None
+        self.last_loss: Optional[float] = None
+
+    def add(self, step: int, loss: float, step_s: float) -> None:
+        old = self._recent.pop(step, None)
+        if old is not None:
+            self._recent_s -= old[0]
+        self._recent[step] = (step_s, loss)
+        self._recent_s += step_s
+        if self.last_step is None or step >= self.last_step:
+            self.last_step, self.last_loss = step, loss
+        while len(self._recent) > self.window:
+            folded = self._recent.pop(next(iter(self._recent)))[0]
+            self._folded_s += folded
+            self._recent_s -= folded
+
+    @property
+    def productive_s(self) -> float:
+        """Seconds spent in the steps that count (each step once)."""
+        return self._folded_s + self._recent_s
+
+    def steps_per_s(self, step: int, n: int = 10) -> float:
+        """The pace over the ``n`` steps up to ``step`` (those still in the window)."""
+        times = [self._recent[s][0] for s in range(max(step - n + 1, 1), step + 1) if s in self._recent]
+        total = sum(times)
+        return len(times) / total if times and total > 0 else 0.0
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+
 def goodput(productive_s: float, wall_s: float) -> float:
     """Fraction of wall time (after start-up) spent in steps that count."""
     return 0.0 if wall_s <= 0 else min(1.0, productive_s / wall_s)

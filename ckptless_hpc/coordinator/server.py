@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from .. import protocol
 from . import messages
 from ..config import fault_list
-from ..metrics import EventLog, Recovery, TensorBoardSink, goodput
+from ..metrics import EventLog, Recovery, StepLog, TensorBoardSink, goodput
 from ..progress import LogTail, Progress, Snapshot
 from ..faults import faults_from_config, spare_fault_due
 from .detector import silent_workers, stragglers
@@ -93,7 +93,8 @@ class Coordinator:
         self._injected: Set[int] = set()
         self.slow_ranks: Dict[int, float] = {}
         self.fault_times: List[float] = []
-        self.step_log: Dict[int, Dict[str, Any]] = {}
+        self.steps = StepLog()  # bounded: nothing here grows with the number of steps
+        self._census: tuple = (-1.0, 0, 0)  # (when, alive ranks, spares), for the progress line
         self.recoveries: List[Recovery] = []
         self.resuming: Optional[Recovery] = None
         self.refills_due = 0
@@ -250,14 +251,14 @@ class Coordinator:
     def _on_metrics(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
         step = int(msg["step"])
         now = self.clock()
-        self.step_log[step] = {"loss": msg["loss"], "step_s": msg["step_s"], "t": now, "gen": msg.get("gen")}
+        self.steps.add(step, msg["loss"], msg["step_s"])
         self._emit("step", rec, step=step, loss=msg["loss"], lr=msg.get("lr"), grad_norm=msg.get("grad_norm"), step_s=msg["step_s"], skipped=msg.get("skipped"), at=now)
         self.skipped = msg.get("skipped_total") or self.skipped
         if self.tensorboard is not None:
             samples = msg.get("samples")
             self.tensorboard.step(step, msg["loss"], msg.get("lr"), msg.get("grad_norm"), msg["step_s"], samples / msg["step_s"] if samples and msg["step_s"] > 0 else None)
-        f = spare_fault_due(self.faults, self.faults_done | self._injected, step)
-        spare = next((w for w in self.workers.values() if w.role == "spare" and w.writer is not None), None)
+        f = spare_fault_due(self.faults, self.faults_done | self._injected, step) if self.faults else None
+        spare = None if f is None else next((w for w in self.workers.values() if w.role == "spare" and w.writer is not None), None)
         if f is not None and spare is not None:
             self._injected.add(f.index)
             self._send(spare, {"type": "inject", "index": f.index})
@@ -281,10 +282,9 @@ class Coordinator:
     def _progress(self, step: int, msg: Dict[str, Any]) -> None:
         now = self.clock()
         t_train = self._t_train or now
-        productive = sum(v["step_s"] for v in self.step_log.values())
-        recent = [self.step_log[s]["step_s"] for s in range(max(step - 9, 1), step + 1) if s in self.step_log]
-        steps_per_s = len(recent) / sum(recent) if recent and sum(recent) > 0 else 0.0
+        steps_per_s = self.steps.steps_per_s(step)
         samples = msg.get("samples")
+        alive, spares = self._head_count(now)
         self.progress.update(
             Snapshot(
                 step=step,
@@ -292,14 +292,23 @@ class Coordinator:
                 loss=float(msg["loss"]),
                 samples_per_s=samples * steps_per_s if samples else None,
                 steps_per_s=steps_per_s,
-                alive=sum(1 for w in self.ranks.values() if self.workers[w].role == "active"),
+                alive=alive,
                 world=self.world,
-                spares=sum(1 for w in self.workers.values() if w.role == "spare"),
+                spares=spares,
                 recoveries=len(self.recoveries),
-                goodput=goodput(productive, now - t_train),
+                goodput=goodput(self.steps.productive_s, now - t_train),
                 gen=self.gen,
             )
         )
+
+    def _head_count(self, now: float) -> tuple:
+        """(alive ranks, spares) for the progress line: counted at most every 0.5 s, not per step."""
+        when, alive, spares = self._census
+        if now - when >= 0.5 or now < when:
+            alive = sum(1 for w in self.ranks.values() if self.workers[w].role == "active")
+            spares = sum(1 for w in self.workers.values() if w.role == "spare")
+            self._census = (now, alive, spares)
+        return alive, spares
 
     def _lost(self, rec: WorkerRec, reason: str) -> None:
         """A worker is gone (exit, lost connection, silence). Idempotent."""
@@ -689,15 +698,14 @@ class Coordinator:
         self.progress.close()
         now = self.clock()
         t_train = self._t_train or now
-        final = {s: v for s, v in self.step_log.items()}
-        productive = sum(v["step_s"] for v in final.values())
+        productive = self.steps.productive_s
         wall = now - t_train
         summary = {
             "job": self.job_id,
             "status": status,
             "exit_code": code,
             "error": error,
-            "steps_completed": max(final, default=0),
+            "steps_completed": self.steps.last_step or 0,
             "steps_requested": self.cfg.train.steps,
             "final_state_sha256": final_sha,
             "world_size": self.world,
@@ -706,7 +714,7 @@ class Coordinator:
             "wall_s": round(wall, 3),
             "productive_s": round(productive, 3),
             "goodput": round(goodput(productive, wall), 4),
-            "final_loss": final[max(final)]["loss"] if final else None,
+            "final_loss": self.steps.last_loss,
             "faults": fault_list(self.cfg.fault),
             "faults_fired": sorted(self.faults_done),
             "excluded_nodes": sorted(self.bad_nodes),

@@ -60,3 +60,28 @@ def test_an_oversized_message_is_refused_by_name_not_raised(tmp_path, caplog):
     c.events.close()
     ev = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert ev[-1]["event"] == "send_refused" and ev[-1]["rank"] == 0 and ev[-1]["node"] == "n0"
+
+
+def test_the_step_log_stays_bounded_and_counts_a_redone_step_once():
+    from ckptless_hpc.metrics import StepLog
+
+    log = StepLog(window=64)
+    for step in range(1, 200_001):
+        log.add(step, loss=1.0 / step, step_s=0.01)
+    log.add(199_999, loss=0.5, step_s=0.02)  # redone after a recovery: replaces its entry
+    log.add(200_000, loss=0.25, step_s=0.01)
+    assert len(log) <= 64
+    assert log.last_step == 200_000 and log.last_loss == 0.25
+    assert log.productive_s == pytest.approx(200_000 * 0.01 + 0.01, rel=1e-9)
+    assert log.steps_per_s(200_000) == pytest.approx(10 / (9 * 0.01 + 0.02))
+
+
+def test_the_step_log_of_a_coordinator_is_the_bounded_one(tmp_path):
+    c = _coordinator(tmp_path)
+    rec = c.workers["n0.0"] = WorkerRec("n0.0", "n0", 0, "active", writer=FakeWriter(), rank=0)
+    c.ranks = {0: "n0.0"}
+    for step in range(1, 2001):
+        c._on_metrics(rec, {"type": "metrics", "step": step, "loss": 1.0, "step_s": 0.01, "gen": 0})
+    assert len(c.steps) <= c.steps.window and c.steps.last_step == 2000
+    assert c.progress is not None and c._census[1] == 1
+    c.events.close()
