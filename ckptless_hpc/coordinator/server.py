@@ -26,7 +26,8 @@ from ..metrics import EventLog, Recovery, StepLog, TensorBoardSink, goodput
 from ..progress import LogTail, Progress, Snapshot
 from ..faults import faults_from_config, spare_fault_due
 from .detector import silent_workers, stragglers
-from .planner import Spare, initial_ranks, plan_recovery
+from .planner import Spare, by_node, initial_ranks, plan_recovery
+from .tally import Arrivals
 
 log = logging.getLogger("ckptless_hpc.coordinator")
 
@@ -115,6 +116,7 @@ class Coordinator:
         self.progress = Progress(cfg.train.steps, cfg.train.log_every)
         self.console_tail = LogTail()
         self._t_train: Optional[float] = None
+        self._config: Optional[Dict[str, Any]] = None
 
     # ------------------------------------------------------------------ helpers
     def _notify(self) -> None:
@@ -137,6 +139,12 @@ class Coordinator:
             except asyncio.TimeoutError:
                 pass
         return True
+
+    def _config_dict(self) -> Dict[str, Any]:
+        """The resolved config every worker is sent: resolved once, not once per connection."""
+        if self._config is None:
+            self._config = OmegaConf.to_container(self.cfg, resolve=True)
+        return self._config
 
     def _g(self, gen: int) -> _GenState:
         return self.gens.setdefault(gen, _GenState())
@@ -178,7 +186,7 @@ class Coordinator:
             self.launcher.register(wid, hello)
             self._emit("worker_connected", rec, pid=rec.pid, slurm_step=hello.get("slurm_step"))
             await self._store_ready.wait()
-            self._send(rec, {"type": "config", "job": self.job_id, "config": OmegaConf.to_container(self.cfg, resolve=True), "store": self.store_addr, "run_dir": self.run_dir, "spare": rec.role == "spare"})
+            self._send(rec, {"type": "config", "job": self.job_id, "config": self._config_dict(), "store": self.store_addr, "run_dir": self.run_dir, "spare": rec.role == "spare"})
             for queued in rec.outbox:
                 self._send(rec, queued)
             rec.outbox.clear()
@@ -192,6 +200,9 @@ class Coordinator:
             while True:
                 msg = await protocol.arecv_msg(reader)
                 rec.last_seen = self.clock()
+                if msg["type"] == "hb":  # the most frequent message changes no decision: no wake-up
+                    rec.compute_s = msg.get("compute_s")
+                    continue
                 self._dispatch(rec, msg)
                 self._notify()
         except (asyncio.IncompleteReadError, ConnectionError, protocol.ProtocolError) as e:
@@ -457,12 +468,14 @@ class Coordinator:
     async def _main(self) -> int:
         c = self.cfg.cluster
         starters = [w for w in self.workers.values() if w.role == "active"]
-        ok = await self._until(lambda: self.fatal is not None or all(w.built for w in starters), c.startup_timeout_s)
+        built = Arrivals([w.wid for w in starters], lambda wid: self.workers[wid].built)
+        ok = await self._until(lambda: self.fatal is not None or built(), c.startup_timeout_s)
         if self.fatal or not ok:
-            missing = [w.wid for w in starters if not w.built]
-            self.fatal = self.fatal or f"workers {missing} did not start within cluster.startup_timeout_s={c.startup_timeout_s}s"
+            missing = built.missing()
+            named = f"{missing}" if len(missing) <= 20 else f"{missing[:20]} and {len(missing) - 20} more"
+            self.fatal = self.fatal or f"workers {named} did not start within cluster.startup_timeout_s={c.startup_timeout_s}s"
             return self._finish(EXIT_STARTUP, "startup_failed", self.fatal)
-        self.ranks = initial_ranks([(n, [w.wid for w in starters if w.node == n]) for n in sorted({w.node for w in starters}, key=_node_order)])
+        self.ranks = initial_ranks(by_node((w.wid, w.node) for w in starters))
         self.gen = 0
         self._t_train = self.clock()
         step0 = self.resume["step"] if self.resume else 0
@@ -531,7 +544,8 @@ class Coordinator:
             for w in survivors.values():
                 self._send(self.workers[w], {"type": "abort", "gen": gen})
             g = self._g(gen)
-            ok = await self._until(lambda: bool(self.pending) or all(w in g.held for w in survivors.values()), c.recovery_timeout_s)
+            held = Arrivals(survivors.values(), g.held.__contains__)
+            ok = await self._until(lambda: bool(self.pending) or held(), c.recovery_timeout_s)
             if self.pending:
                 continue
             if not ok:
@@ -555,7 +569,8 @@ class Coordinator:
             # a promoted spare that is still starting needs its start-up time first
             unbuilt = any(not self.workers[w].built for w in self.ranks.values())
             limit = c.recovery_timeout_s + (c.startup_timeout_s if unbuilt else 0)
-            ok = await self._until(lambda: bool(self.pending) or all(w in g.ready for w in self.ranks.values()), limit)
+            ready = Arrivals(self.ranks.values(), g.ready.__contains__)
+            ok = await self._until(lambda: bool(self.pending) or ready(), limit)
             if self.pending:
                 continue
             if not ok:
@@ -605,7 +620,7 @@ class Coordinator:
         g = self._g(self.gen)
         for w in survivors.values():
             self._send(self.workers[w], {"type": "abort", "gen": self.gen})
-        await self._until(lambda: all(w in g.held for w in survivors.values()), self.cfg.cluster.recovery_timeout_s)
+        await self._until(Arrivals(survivors.values(), g.held.__contains__), self.cfg.cluster.recovery_timeout_s)
         return {w: m.get("step") for w, m in g.held.items()}
 
     async def _save_state(self, survivors: Dict[int, str], held: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -750,7 +765,3 @@ class _Endpoints:
         w = self._w[wid]
         return w.host, w.state_port
 
-
-def _node_order(name: str) -> tuple:
-    digits = "".join(ch for ch in name if ch.isdigit())
-    return (name.rstrip("0123456789"), int(digits) if digits else -1, name)

@@ -85,3 +85,31 @@ def test_the_step_log_of_a_coordinator_is_the_bounded_one(tmp_path):
     assert len(c.steps) <= c.steps.window and c.steps.last_step == 2000
     assert c.progress is not None and c._census[1] == 1
     c.events.close()
+
+
+def test_start_up_groups_ranks_by_node_in_one_pass():
+    from ckptless_hpc.coordinator.planner import by_node, initial_ranks
+
+    workers = [(f"n{i // 2}.{i % 2}", f"n{i // 2}") for i in reversed(range(20_000))]
+    groups = by_node(workers)
+    assert [n for n, _ in groups[:3]] == ["n0", "n1", "n2"] and groups[-1][0] == "n9999"
+    ranks = initial_ranks(groups)
+    assert ranks[0] == "n0.1" and ranks[3] == "n1.0" and len(ranks) == 20_000
+
+
+def test_waiting_for_every_worker_costs_linear_checks_in_all():
+    from ckptless_hpc.coordinator.tally import Arrivals
+
+    keys = [f"w{i}" for i in range(10_000)]
+    got, calls = set(), [0]
+
+    def has(k):
+        calls[0] += 1
+        return k in got
+
+    done = Arrivals(keys, has)
+    for k in reversed(keys):  # the worst order: the first key arrives last
+        got.add(k)
+        assert done() is (k == keys[0])
+    assert calls[0] <= 2 * len(keys) + 10
+    assert Arrivals(["a", "b"], {"b"}.__contains__).missing() == ["a"]
