@@ -48,3 +48,6 @@ class FakeWriter:
 
     def close(self) -> None:
         pass
+
+    def get_extra_info(self, name: str) -> None:
+        return None
