@@ -114,6 +114,39 @@ class StepLog:
         return len(self._recent)
 
 
+class DelayHistogram:
+    """Delays (seconds) in fixed 1 ms buckets up to 10 s, O(1) per sample and bounded memory:
+    the heartbeat delay of every message at 10k ranks, with percentiles at any time."""
+
+    BUCKETS = 10_000
+
+    def __init__(self) -> None:
+        self.counts = [0] * (self.BUCKETS + 1)
+        self.n = 0
+        self.max_s = 0.0
+
+    def add(self, delay_s: float) -> None:
+        i = int(delay_s * 1000.0)
+        self.counts[0 if i < 0 else (i if i < self.BUCKETS else self.BUCKETS)] += 1
+        self.n += 1
+        if delay_s > self.max_s:
+            self.max_s = delay_s
+
+    def percentile_ms(self, q: float) -> Optional[float]:
+        """The upper edge (ms) of the bucket holding the q-quantile (0 < q <= 1); None if empty."""
+        if self.n == 0:
+            return None
+        need, seen = q * self.n, 0
+        for i, c in enumerate(self.counts):
+            seen += c
+            if seen >= need:
+                return float(i + 1)
+        return float(self.BUCKETS + 1)
+
+    def report(self) -> Dict[str, Any]:
+        return {"count": self.n, "p50_ms": self.percentile_ms(0.5), "p99_ms": self.percentile_ms(0.99), "max_ms": round(1000 * self.max_s, 3)}
+
+
 def goodput(productive_s: float, wall_s: float) -> float:
     """Fraction of wall time (after start-up) spent in steps that count."""
     return 0.0 if wall_s <= 0 else min(1.0, productive_s / wall_s)

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from .. import protocol
 from . import messages
 from ..config import fault_list
-from ..metrics import EventLog, Recovery, StepLog, TensorBoardSink, goodput
+from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink, goodput
 from ..progress import LogTail, Progress, Snapshot
 from ..faults import faults_from_config, spare_fault_due
 from .detector import StallMeter, silent_workers, stragglers
@@ -124,6 +124,7 @@ class Coordinator:
         self._t_train: Optional[float] = None
         self._config: Optional[Dict[str, Any]] = None
         self.stalls = StallMeter(c.heartbeat_interval_s, clock())
+        self.hb_delay = DelayHistogram()  # heartbeat sent (worker's clock) -> read here
 
     # ------------------------------------------------------------------ helpers
     def _notify(self) -> None:
@@ -210,6 +211,7 @@ class Coordinator:
                 rec.last_seen, rec.seen_stall = self.clock(), self.stalls.stalled_s
                 if msg["type"] == "hb":  # the most frequent message changes no decision: no wake-up
                     rec.compute_s = msg.get("compute_s")
+                    self.hb_delay.add(rec.last_seen - msg.get("t", rec.last_seen))
                     continue
                 self._dispatch(rec, msg)
                 self._notify()
@@ -764,6 +766,8 @@ class Coordinator:
             "faults_fired": sorted(self.faults_done),
             "excluded_nodes": sorted(self.bad_nodes),
             "recoveries": [r.report() for r in self.recoveries],
+            "heartbeat_delay": self.hb_delay.report(),  # the workers' clocks against ours: exact on one machine only
+            "coordinator_stalls": {"total_s": round(self.stalls.stalled_s, 3), "worst_s": round(self.stalls.worst_s, 3)},
             "skipped_steps": dict(self.skipped),
             "saved_state": self.saved,
             "resumed_from": self.resume,

@@ -113,3 +113,17 @@ def test_waiting_for_every_worker_costs_linear_checks_in_all():
         assert done() is (k == keys[0])
     assert calls[0] <= 2 * len(keys) + 10
     assert Arrivals(["a", "b"], {"b"}.__contains__).missing() == ["a"]
+
+
+def test_the_heartbeat_delay_histogram_is_bounded_and_gives_percentiles():
+    from ckptless_hpc.metrics import DelayHistogram
+
+    h = DelayHistogram()
+    assert h.percentile_ms(0.99) is None
+    for i in range(1000):
+        h.add(0.0004 if i < 990 else 0.0305)
+    h.add(99.0)  # beyond the last bucket
+    h.add(-0.01)  # a clock behind ours
+    assert len(h.counts) == DelayHistogram.BUCKETS + 1
+    assert h.percentile_ms(0.5) == 1.0 and h.percentile_ms(0.99) == 31.0
+    assert h.report()["count"] == 1002 and h.report()["max_ms"] == 99000.0
