@@ -128,7 +128,7 @@ def _measure(coord: subprocess.Popen, sims: List[subprocess.Popen], ranks: int, 
     t_burst = time.time()
     for i in range(k):
         argv = [sys.executable, "-m", "bench.b7_ranks", "--address", address, "--nodes", str(nodes + 1), "--wpn", str(wpn), "--index", str(i),
-                "--of", str(k), "--interval", str(interval_s), "--rate", str(rate), "--victim", victim, "--out", str(run_dir / f"ranks{i}.json")]
+                "--of", str(k), "--interval", str(interval_s), "--rate", str(rate), "--victim", victim, "--epoch", str(t_burst), "--out", str(run_dir / f"ranks{i}.json")]
         with open(run_dir / f"ranks{i}.out", "w") as out:
             sims.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
     tail = EventTail(run_dir / "events.jsonl")

@@ -90,6 +90,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = ap.parse_args(argv)
     os.makedirs(a.run_dir, exist_ok=True)
     cfg = config(a.nodes, a.wpn, a.spare_nodes, a.interval, a.timeout)
+    import torch.distributed  # noqa: F401  the store's import, done before ranks connect (srun of real nodes takes longer)
     job_id = "b7"
     context = setup_logging(a.run_dir, job_id)
     launcher = SimLauncher(a.nodes, a.spare_nodes, os.path.join(a.run_dir, "address.json"))

@@ -3,8 +3,12 @@
 Each simulated rank is one real control connection doing the worker's real protocol: the
 HMAC handshake (paced and retried as ``protocol.connect_paced`` does), hello, built, a
 heartbeat every interval, assign -> joining -> ready, abort -> held, fetched when it is behind,
-rank 0's per-step metrics, done, stop. It trains nothing: a rank's step is a function of the
-time since its generation started (``--rate`` steps per second). SIGUSR1 closes the control
+rank 0's per-step metrics, done, stop. It trains nothing: the step is a shared clock, ``--rate``
+steps per second since ``--epoch`` (so that ranks in different processes agree, as ranks in one
+collective do), never below the step its generation started at; an abort holds the step floored
+to a multiple of ``--commit-every`` (every rank holds the same committed step, as real ones do;
+a floor that falls inside the abort's delivery splits the world across two steps, which real
+jobs see too). SIGUSR1 closes the control
 connection of ``--victim`` (a failed rank). Writes what it saw to ``--out`` (JSON).
 """
 
@@ -25,6 +29,7 @@ from typing import Any, Dict, List, Optional
 from ckptless_hpc import protocol
 
 SHA = "0" * 64
+EPOCH = [0.0]
 
 
 class Rank:
@@ -44,7 +49,7 @@ class Rank:
     def step(self, now: float, rate: float, steps: int) -> int:
         if not self.training:
             return self.held_step
-        return min(steps, self.base + int((now - self.t0) * rate))
+        return min(steps, max(self.base, int((now - EPOCH[0]) * rate)))
 
     def send(self, msg: Dict[str, Any]) -> None:
         if self.writer is not None and not self.writer.is_closing():
@@ -114,7 +119,8 @@ class Sim:
             self.steps = int(msg["config"]["train"]["steps"])
             r.send({"type": "built", "state_port": 1, "pid": os.getpid(), "state_bytes": 0, "params": 0, "buckets": 1, "buffers": 0})
         elif kind == "abort":
-            r.held_step, r.training = r.step(now, self.a.rate, self.steps), False
+            grain = self.a.commit_every
+            r.held_step, r.training = max(r.base, r.step(now, self.a.rate, self.steps) // grain * grain), False
             r.send({"type": "held", "gen": r.gen, "abort_gen": int(msg["gen"]), "step": r.held_step, "pid": os.getpid(), "reason": "abort"})
         elif kind == "assign":
             self.on_assign(r, msg, now)
@@ -131,7 +137,8 @@ class Sim:
             r.send({"type": "fetched", "gen": gen, "source": src, "bytes": 0, "seconds": 0.0, "apply_s": 0.0})
         r.send({"type": "joining", "gen": gen, "step": target})
         r.send({"type": "ready", "gen": gen, "rank": r.rank, "pid": os.getpid(), "form_s": 0.0})
-        r.base, r.t0, r.training, r.held_step, r.metrics_step = target, time.time(), True, target, target
+        r.base, r.t0, r.training, r.held_step = target, time.time(), True, target
+        r.metrics_step = max(target, r.step(now, self.a.rate, self.steps) - 1)
 
     # ---------------------------------------------------------------- periodic senders
     async def heartbeats(self) -> None:
@@ -200,9 +207,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument("--rate", type=float, default=100.0, help="steps per second")
     ap.add_argument("--victim", default="")
+    ap.add_argument("--epoch", type=float, default=0.0, help="time (Unix s) of step 0 of the shared step clock")
+    ap.add_argument("--commit-every", type=int, default=1000, help="an abort holds the step floored to a multiple of this")
     ap.add_argument("--connect-timeout", type=float, default=120.0)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    EPOCH[0] = a.epoch or time.time()
     ranks = [Rank(f"sim{n}", j) for n in range(a.index, a.nodes, a.of) for j in range(a.wpn)]
     res = asyncio.run(Sim(a, ranks).run())
     with open(a.out, "w", encoding="utf-8") as f:

@@ -161,12 +161,12 @@ def backoff_s(attempt: int, rng: random.Random, base_s: float = 0.1, cap_s: floa
     return rng.uniform(0.0, min(cap_s, base_s * (2 ** min(attempt, 30))))
 
 
-def attempt_wait_s(attempt: int, first_s: float = 2.0, cap_s: float = 10.0) -> float:
+def attempt_wait_s(attempt: int, first_s: float = 10.0, cap_s: float = 30.0) -> float:
     """How long one attempt waits for the server's challenge: doubles, up to ``cap_s``."""
     return min(cap_s, first_s * (2 ** min(attempt, 30)))
 
 
-def connect_paced(host: str, port: int, secret: str, timeout_s: float = 120.0, first_wait_s: float = 2.0, rng: Optional[random.Random] = None) -> socket.socket:
+def connect_paced(host: str, port: int, secret: str, timeout_s: float = 120.0, first_wait_s: float = 10.0, rng: Optional[random.Random] = None) -> socket.socket:
     """Connect to a server that thousands of clients reach at once (the coordinator).
 
     The server speaks first, and a full listen queue drops a connection that the client

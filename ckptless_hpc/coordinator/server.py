@@ -19,7 +19,7 @@ import socket
 import termios
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 
 from omegaconf import OmegaConf
 
@@ -35,9 +35,18 @@ from .tally import Arrivals
 
 log = logging.getLogger("ckptless_hpc.coordinator")
 
-# every rank connects at once at start-up: the kernel caps this at net.core.somaxconn (often
-# 4096), and clients whose connection a full queue dropped retry (protocol.connect_paced)
-LISTEN_BACKLOG = 65535
+# every rank connects at once at start-up: the queue is as deep as the kernel allows
+# (net.core.somaxconn), and clients whose connection a full queue dropped retry
+# (protocol.connect_paced). asyncio also accepts up to this many per wake-up.
+SOMAXCONN = "/proc/sys/net/core/somaxconn"
+
+
+def listen_backlog(path: str = SOMAXCONN) -> int:
+    try:
+        with open(path, encoding="ascii") as f:
+            return max(128, min(65535, int(f.read().strip())))
+    except (OSError, ValueError):
+        return 4096
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -118,6 +127,7 @@ class Coordinator:
         self.summary: Dict[str, Any] = {}
         self.store: Any = None
         self._waiters: List["asyncio.Future[None]"] = []
+        self._wake_due = False
         self._t_start = clock()
         self.progress = Progress(cfg.train.steps, cfg.train.log_every)
         self.console_tail = LogTail()
@@ -128,6 +138,18 @@ class Coordinator:
 
     # ------------------------------------------------------------------ helpers
     def _notify(self) -> None:
+        """Something changed: wake the waiters once per loop iteration, not once per message."""
+        if self._wake_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a unit test driving the decisions directly)
+            return self._wake()
+        self._wake_due = True
+        loop.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._wake_due = False
         for f in self._waiters:
             if not f.done():
                 f.set_result(None)
@@ -161,13 +183,29 @@ class Coordinator:
         if rec.writer is None:  # still starting (a spare promoted before it connected): keep in order
             rec.outbox.append(msg)
             return
-        if rec.writer.is_closing():
-            return
         try:
-            rec.writer.write(protocol.encode(msg))
+            frame = protocol.encode(msg)
         except protocol.ProtocolError as e:  # a bug, not the peer's fault: say so and keep the job alive
             log.error("gen=%s rank=%s node=%s: %s %s not sent: %s. HINT: this is a coordinator bug; please report it", self.gen, rec.rank, rec.node, msg.get("type"), rec.wid, e)
             self._emit("send_refused", rec, type=msg.get("type"), error=str(e))
+            return
+        self._write(rec, frame)
+
+    def _broadcast(self, wids: Iterable[str], msg: Dict[str, Any]) -> None:
+        """The same message to many workers: encoded once."""
+        frame = protocol.encode(msg)
+        for wid in wids:
+            rec = self.workers[wid]
+            if rec.writer is None:
+                rec.outbox.append(msg)
+            else:
+                self._write(rec, frame)
+
+    def _write(self, rec: WorkerRec, frame: bytes) -> None:
+        if rec.writer.is_closing():
+            return
+        try:
+            rec.writer.write(frame)
         except (ConnectionError, RuntimeError) as e:
             log.warning("send to %s failed: %s", rec.wid, e)
 
@@ -452,7 +490,8 @@ class Coordinator:
         loop = self._loop = asyncio.get_running_loop()
         self._store_ready = asyncio.Event()
         self.host = protocol.resolve_host(c.bind_host)
-        server = await asyncio.start_server(self._handle, host=self.host, port=0, backlog=LISTEN_BACKLOG)
+        _raise_fd_limit((c.nodes + c.spare_nodes + c.max_refills) * self.wpn)
+        server = await asyncio.start_server(self._handle, host=self.host, port=0, backlog=listen_backlog())
         self.address = f"{self.host}:{server.sockets[0].getsockname()[1]}"
         self._emit("job_started", address=self.address, coordinator_pid=os.getpid(), host=socket.gethostname(), world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
         log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
@@ -573,8 +612,7 @@ class Coordinator:
             gen = self.gen
             survivors = {r: w for r, w in self.ranks.items() if self.workers[w].role == "active"}
             self._emit("generation_bumped", failed_ranks=failed_ranks, survivors=len(survivors))
-            for w in survivors.values():
-                self._send(self.workers[w], {"type": "abort", "gen": gen})
+            self._broadcast(survivors.values(), {"type": "abort", "gen": gen})
             g = self._g(gen)
             held = Arrivals(survivors.values(), g.held.__contains__)
             ok = await self._until(lambda: bool(self.pending) or held(), c.recovery_timeout_s)
@@ -650,8 +688,7 @@ class Coordinator:
         """Abort the in-flight step everywhere (a new generation) and collect the committed steps."""
         self.gen += 1
         g = self._g(self.gen)
-        for w in survivors.values():
-            self._send(self.workers[w], {"type": "abort", "gen": self.gen})
+        self._broadcast(survivors.values(), {"type": "abort", "gen": self.gen})
         await self._until(Arrivals(survivors.values(), g.held.__contains__), self.cfg.cluster.recovery_timeout_s)
         return {w: m.get("step") for w, m in g.held.items()}
 
@@ -787,6 +824,23 @@ class Coordinator:
                 self.launcher.kill_worker(w.wid)
         await self.launcher.shutdown(self.cfg.cluster.exit_timeout_s)
         self.events.close()
+
+
+def _raise_fd_limit(workers: int) -> None:
+    """One descriptor per worker connection, plus files: raise the soft limit up to the hard one."""
+    import resource
+
+    need = workers + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    new = need if hard == resource.RLIM_INFINITY else min(hard, max(need, soft))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    if new < need:
+        log.error(
+            "open-file limit %d is below the %d this job's %d workers need (one connection each). "
+            "HINT: raise it (ulimit -n %d, or LimitNOFILE / limits.conf on the batch host)", new, need, workers, need,
+        )
 
 
 GC_THRESHOLDS = (20_000, 20, 20)

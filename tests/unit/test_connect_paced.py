@@ -19,7 +19,7 @@ def test_backoff_is_jittered_and_capped():
     waits = [protocol.backoff_s(a, rng) for a in range(40)]
     assert all(0 <= w <= 3.0 for w in waits) and len(set(waits)) == 40
     assert all(protocol.backoff_s(0, rng) <= 0.1 for _ in range(100))
-    assert protocol.attempt_wait_s(0) == 2.0 and protocol.attempt_wait_s(10) == 10.0
+    assert protocol.attempt_wait_s(0) == 10.0 and protocol.attempt_wait_s(10) == 30.0
 
 
 def _server(silent_first: int, stop: threading.Event):
