@@ -26,6 +26,8 @@ from ckptless_hpc.protocol import SECRET_ENV, new_secret
 from .common import REPO, read_jsonl
 
 RANKS_PER_PROCESS = 2500
+# issue 11's targets at 10,000 ranks and a 0.5 s heartbeat interval
+TARGETS = {"cpu_pct": 30.0, "hb_delay_p99_ms": 50.0, "assign_ms": 200.0, "startup_lost": 0, "false_failures": 0, "metrics_ratio_1m_vs_1k": 1.10}
 
 
 class BenchFailed(RuntimeError):
@@ -203,3 +205,30 @@ def metrics_cost(run_dir: Path, calls: int = 2000) -> Dict[str, Any]:
     at_1m = timed(1_000_000)
     c.events.close()
     return {"calls": calls, "at_1k_us": round(1e6 * at_1k, 2), "at_1m_us": round(1e6 * at_1m, 2), "ratio_1m_vs_1k": round(at_1m / at_1k, 3), "step_log_entries": len(c.steps)}
+
+
+def headline(b7: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The keys of latest.json, from the 10,000-rank point (None where there is none)."""
+    p = next((q for q in (b7 or {}).get("points", []) if q["ranks"] == 10000), None)
+    keys = ("cpu_pct", "hb_delay_p99_ms", "assign_ms", "startup_lost", "false_failures")
+    out: Dict[str, Any] = {f"b7_{k}_10k": (p[k] if p else None) for k in keys}
+    out["b7_metrics_ratio_1m_vs_1k"] = (b7 or {}).get("metrics", {}).get("ratio_1m_vs_1k")
+    return out
+
+
+def one_line(p: Dict[str, Any]) -> str:
+    return (f"CPU {p['cpu_pct']}%, heartbeat delay p99 {p['hb_delay_p99_ms']} ms, closed -> last assign {p['assign_ms']} ms, "
+            f"-> re-formed {p['reformed_ms']} ms, start-up {p['startup_s']}s lost {p['startup_lost']}, false failures {p['false_failures']}")
+
+
+def table(b7: Dict[str, Any]) -> str:
+    """The issue's table, in Markdown."""
+    out = ["| ranks | coordinator CPU | heartbeat delay p99 | closed -> last `assign` | -> re-formed | start-up (lost) | false failures |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for p in b7["points"]:
+        out.append(f"| {p['ranks']:,} | {p['cpu_pct']:.1f} % | {p['hb_delay_p99_ms']:.0f} ms | {p['assign_ms']:.0f} ms | {p['reformed_ms']:.0f} ms | "
+                   f"{p['startup_s']:.1f} s ({p['startup_lost']}) | {p['false_failures']} |")
+    m = b7.get("metrics")
+    if m:
+        out.append(f"\nOne `metrics` message: {m['at_1k_us']} us at step 1k, {m['at_1m_us']} us at step 1M (ratio {m['ratio_1m_vs_1k']}).")
+    return "\n".join(out)

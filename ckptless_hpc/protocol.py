@@ -20,7 +20,7 @@ import secrets
 import socket
 import struct
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 MAX_FRAME = 1 << 20
 AUTH_FRAME = 1024  # an unauthenticated peer may send this much, no more
@@ -208,3 +208,67 @@ async def aserver_handshake(reader: asyncio.StreamReader, writer: asyncio.Stream
     answer = await asyncio.wait_for(arecv_msg(reader, max_len=AUTH_FRAME), timeout_s)
     writer.write(encode(_check_answer(answer, secret, nonce)))
     await writer.drain()
+
+
+class FrameProtocol(asyncio.Protocol):
+    """The frames of a connection as they arrive: every complete frame of a read is handled in
+    that one callback (no coroutine, future or wake-up per frame). ``on_message`` gets each
+    message; ``on_closed`` once, with why. Installed on an authenticated connection in place of
+    the stream reader (``take_over``)."""
+
+    def __init__(self, on_message: Callable[[Dict[str, Any]], None], on_closed: Callable[[str], None], max_len: int = MAX_FRAME) -> None:
+        self._on_message, self._on_closed, self._max = on_message, on_closed, max_len
+        self._buf = bytearray()
+        self._transport: Any = None
+        self._closed = False
+
+    def take_over(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read ``writer``'s connection from now on, starting with what ``reader`` buffered."""
+        leftover = getattr(reader, "_buffer", None)
+        self.connection_made(writer.transport)
+        writer.transport.set_protocol(self)
+        if leftover:
+            data = bytes(leftover)
+            leftover.clear()
+            self.data_received(data)
+        if reader.at_eof() or reader.exception() is not None or writer.transport.is_closing():
+            self._close("EOF")  # it went away before we took over: no connection_lost will come
+
+    def pending(self) -> int:
+        """Bytes received and not yet handled."""
+        return len(self._buf)
+
+    def connection_made(self, transport: Any) -> None:
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        pos, n = 0, len(buf)
+        try:
+            while n - pos >= 4 and not self._closed:
+                end = pos + 4 + _check_len(_HDR.unpack_from(buf, pos)[0], self._max)
+                if end > n:
+                    break
+                msg = decode(bytes(buf[pos + 4 : end]))
+                pos = end
+                self._on_message(msg)
+        except ProtocolError as e:
+            self._close(f"ProtocolError: {e}")
+            return
+        del buf[:pos]
+
+    def eof_received(self) -> bool:
+        return False  # close our end too
+
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        self._close("EOF" if exc is None else type(exc).__name__)
+
+    def _close(self, why: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._buf.clear()
+        if self._transport is not None:
+            self._transport.close()
+        self._on_closed(why)

@@ -70,7 +70,7 @@ class WorkerRec:
     built: bool = False
     last_seen: Optional[float] = None
     seen_stall: float = 0.0  # the coordinator's stall total when it was last heard (detector.py)
-    reader: Any = None
+    reader: Optional[protocol.FrameProtocol] = None  # its connection's frames, once it has its config
     rank: Optional[int] = None
     compute_s: Optional[float] = None
     outbox: List[Dict[str, Any]] = field(default_factory=list)  # said before it connected
@@ -228,35 +228,42 @@ class Coordinator:
             if hello.get("type") != "hello" or wid not in self.workers or self.workers[wid].writer is not None:
                 raise protocol.ProtocolError(f"unexpected hello {hello!r}")
             rec = self.workers[wid]
-            rec.writer, rec.reader, rec.pid, rec.host = writer, reader, int(hello["pid"]), str(hello["host"])
+            rec.writer, rec.pid, rec.host = writer, int(hello["pid"]), str(hello["host"])
             rec.last_seen, rec.seen_stall = self.clock(), self.stalls.stalled_s
             self.launcher.register(wid, hello)
             self._emit("worker_connected", rec, pid=rec.pid, slurm_step=hello.get("slurm_step"))
             await self._store_ready.wait()
-            self._send(rec, {"type": "config", "job": self.job_id, "config": self._config_dict(), "store": self.store_addr, "run_dir": self.run_dir, "spare": rec.role == "spare"})
-            for queued in rec.outbox:
-                self._send(rec, queued)
-            rec.outbox.clear()
         except (protocol.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, KeyError, ValueError, TypeError) as e:
             why = str(e) or type(e).__name__
             log.warning("rejected a connection from %s: %s", peer, why)
             self._emit("connection_rejected", peer=str(peer), error=why)
             writer.close()
             return
+        # it says nothing more until it has its config: from here on, frames are read as they arrive
+        closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
+        frames = rec.reader = protocol.FrameProtocol(lambda m: self._on_frame(rec, m), lambda why: closed.done() or closed.set_result(why))
+        frames.take_over(reader, writer)
+        self._send(rec, {"type": "config", "job": self.job_id, "config": self._config_dict(), "store": self.store_addr, "run_dir": self.run_dir, "spare": rec.role == "spare"})
+        for queued in rec.outbox:
+            self._send(rec, queued)
+        rec.outbox.clear()
+        why = await closed
+        self._lost(rec, f"control connection closed ({why})")
+        writer.close()
+
+    def _on_frame(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
+        now = self.clock()
+        rec.last_seen, rec.seen_stall = now, self.stalls.stalled_s
+        if msg["type"] == "hb":  # the most frequent message changes no decision: no wake-up
+            rec.compute_s = msg.get("compute_s")
+            self.hb_delay.add(now - msg.get("t", now))
+            return
         try:
-            while True:
-                msg = await protocol.arecv_msg(reader)
-                rec.last_seen, rec.seen_stall = self.clock(), self.stalls.stalled_s
-                if msg["type"] == "hb":  # the most frequent message changes no decision: no wake-up
-                    rec.compute_s = msg.get("compute_s")
-                    self.hb_delay.add(rec.last_seen - msg.get("t", rec.last_seen))
-                    continue
-                self._dispatch(rec, msg)
-                self._notify()
-        except (asyncio.IncompleteReadError, ConnectionError, protocol.ProtocolError) as e:
-            self._lost(rec, f"control connection closed ({type(e).__name__})")
-        finally:
-            writer.close()
+            self._dispatch(rec, msg)
+        except (KeyError, ValueError, TypeError) as e:
+            log.error("gen=%s rank=%s node=%s: malformed %r message from %s (%s: %s); closing its connection", self.gen, rec.rank, rec.node, msg.get("type"), rec.wid, type(e).__name__, e)
+            rec.writer.close()
+        self._notify()
 
     def _dispatch(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
         kind = msg["type"]
@@ -443,7 +450,7 @@ class Coordinator:
     def _unread(self, wid: str) -> bool:
         """Bytes from this worker wait to be read (buffered or in the kernel): it is not silent."""
         rec = self.workers[wid]
-        if rec.reader is not None and len(getattr(rec.reader, "_buffer", b"")) > 0:
+        if rec.reader is not None and rec.reader.pending() > 0:
             return True
         return _kernel_unread(rec.writer) > 0
 
