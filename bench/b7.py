@@ -109,7 +109,8 @@ def run_point(ranks: int, wpn: int, steady_s: float, run_dir: Path, rate: float 
     run_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env[SECRET_ENV] = new_secret()
-    coord_argv = [sys.executable, "-m", "bench.b7_coord", "--nodes", str(nodes), "--wpn", str(wpn), "--interval", str(interval_s), "--run-dir", str(run_dir)]
+    profile = ["-m", "cProfile", "-o", str(run_dir / "coordinator.prof")] if os.environ.get("B7_PROFILE") else []  # for looking, not for figures
+    coord_argv = [sys.executable, *profile, "-m", "bench.b7_coord", "--nodes", str(nodes), "--wpn", str(wpn), "--interval", str(interval_s), "--run-dir", str(run_dir)]
     with open(run_dir / "coordinator.out", "w") as out:
         coord = subprocess.Popen(coord_argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     sims: List[subprocess.Popen] = []
@@ -144,13 +145,17 @@ def _measure(coord: subprocess.Popen, sims: List[subprocess.Popen], ranks: int, 
     rss = rss_mb(coord.pid)
     coord.send_signal(signal.SIGUSR2)  # and the steady window's here
     time.sleep(0.5)
+    c2 = cpu_s(coord.pid)
     sims[victim_node % k].send_signal(signal.SIGUSR1)  # the victim's connection closes
     resumed = tail.wait_for("resumed", 300, alive)
+    recovery_cpu = cpu_s(coord.pid) - c2  # includes up to 0.1 s of polling slack of steady work
     time.sleep(3.0)  # a few timeouts' worth after the recovery: any false failure shows up
     coord.send_signal(signal.SIGTERM)
     _stop([coord] + sims, 120)
     tail.poll()
-    return _results(tail.events, run_dir, k, victim, t_burst, gen0, resumed, (c1 - c0) / (w1 - w0), rss, ranks, wpn, steady_s, rate, interval_s)
+    res = _results(tail.events, run_dir, k, victim, t_burst, gen0, resumed, (c1 - c0) / (w1 - w0), rss, ranks, wpn, steady_s, rate, interval_s)
+    res["recovery_cpu_ms"] = round(1000 * recovery_cpu, 1)
+    return res
 
 
 def _results(events: List[Dict[str, Any]], run_dir: Path, k: int, victim: str, t_burst: float, gen0: Dict[str, Any], resumed: Dict[str, Any],

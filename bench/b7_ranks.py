@@ -102,16 +102,13 @@ class Sim:
         if not await self.connect(r):
             return
         r.send({"type": "hello", "node": r.node, "local": r.local, "pid": os.getpid(), "host": "127.0.0.1", "slurm_step": None})
-        try:
-            while True:
-                self.on_message(r, await protocol.arecv_msg(r.reader))
-                if r.stopped:
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError, protocol.ProtocolError):
-            pass
-        finally:
-            r.writer.close()
-            r.writer = None
+        closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
+        # frames handled as they arrive (the coordinator's own reader): the simulated ranks must
+        # cost as little CPU as possible, since they share this machine's cores with it
+        protocol.FrameProtocol(lambda m: self.on_message(r, m), lambda why: closed.done() or closed.set_result(why)).take_over(r.reader, r.writer)
+        await closed
+        r.writer.close()
+        r.writer = None
 
     def on_message(self, r: Rank, msg: Dict[str, Any]) -> None:
         kind, now = msg["type"], time.time()
@@ -126,6 +123,7 @@ class Sim:
             self.on_assign(r, msg, now)
         elif kind == "stop":
             r.stopped = True
+            r.writer.close()
 
     def on_assign(self, r: Rank, msg: Dict[str, Any], now: float) -> None:
         gen, target = int(msg["gen"]), int(msg["step"])
