@@ -8,15 +8,12 @@ summary.json. It never sees training data or state: workers talk to each other.
 
 from __future__ import annotations
 
-import array
 import asyncio
-import fcntl
 import gc
 import json
 import logging
 import os
 import socket
-import termios
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set
@@ -24,7 +21,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 from omegaconf import OmegaConf
 
 from .. import protocol
-from . import messages
+from . import host, messages
 from ..config import fault_list
 from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink, goodput
 from ..progress import LogTail, Progress, Snapshot
@@ -34,19 +31,6 @@ from .planner import Spare, by_node, initial_ranks, plan_recovery
 from .tally import Arrivals
 
 log = logging.getLogger("ckptless_hpc.coordinator")
-
-# every rank connects at once at start-up: the queue is as deep as the kernel allows
-# (net.core.somaxconn), and clients whose connection a full queue dropped retry
-# (protocol.connect_paced). asyncio also accepts up to this many per wake-up.
-SOMAXCONN = "/proc/sys/net/core/somaxconn"
-
-
-def listen_backlog(path: str = SOMAXCONN) -> int:
-    try:
-        with open(path, encoding="ascii") as f:
-            return max(128, min(65535, int(f.read().strip())))
-    except (OSError, ValueError):
-        return 4096
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -452,7 +436,7 @@ class Coordinator:
         rec = self.workers[wid]
         if rec.reader is not None and rec.reader.pending() > 0:
             return True
-        return _kernel_unread(rec.writer) > 0
+        return host.kernel_unread(rec.writer) > 0
 
     def _watch_stragglers(self) -> None:
         times = {self.workers[w].rank: self.workers[w].compute_s for w in self.ranks.values() if self.workers[w].role == "active"}
@@ -497,8 +481,8 @@ class Coordinator:
         loop = self._loop = asyncio.get_running_loop()
         self._store_ready = asyncio.Event()
         self.host = protocol.resolve_host(c.bind_host)
-        _raise_fd_limit((c.nodes + c.spare_nodes + c.max_refills) * self.wpn)
-        server = await asyncio.start_server(self._handle, host=self.host, port=0, backlog=listen_backlog())
+        host.raise_fd_limit((c.nodes + c.spare_nodes + c.max_refills) * self.wpn)
+        server = await asyncio.start_server(self._handle, host=self.host, port=0, backlog=host.listen_backlog())
         self.address = f"{self.host}:{server.sockets[0].getsockname()[1]}"
         self._emit("job_started", address=self.address, coordinator_pid=os.getpid(), host=socket.gethostname(), world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
         log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
@@ -557,7 +541,7 @@ class Coordinator:
         self._t_train = self.clock()
         step0 = self.resume["step"] if self.resume else 0
         self._assign(self.ranks, step0, {}, load=self.resume)
-        _settle_gc()
+        host.settle_gc()
         self._emit("generation_started", world=self.world, step=step0, resumed_from=self.resume, ranks={str(r): w for r, w in self.ranks.items()})
         while True:
             await self._until(
@@ -831,49 +815,6 @@ class Coordinator:
                 self.launcher.kill_worker(w.wid)
         await self.launcher.shutdown(self.cfg.cluster.exit_timeout_s)
         self.events.close()
-
-
-def _raise_fd_limit(workers: int) -> None:
-    """One descriptor per worker connection, plus files: raise the soft limit up to the hard one."""
-    import resource
-
-    need = workers + 256
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= need:
-        return
-    new = need if hard == resource.RLIM_INFINITY else min(hard, max(need, soft))
-    resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-    if new < need:
-        log.error(
-            "open-file limit %d is below the %d this job's %d workers need (one connection each). "
-            "HINT: raise it (ulimit -n %d, or LimitNOFILE / limits.conf on the batch host)", new, need, workers, need,
-        )
-
-
-GC_THRESHOLDS = (20_000, 20, 20)
-
-
-def _settle_gc() -> None:
-    """Start-up built what the job keeps (a record, a connection, buffers per worker): collect
-    once, then freeze it out of the collector's sight, so that later collections scan only new
-    objects (at 10k ranks full collections were 27-34 % of the loop, pauses up to 0.35 s), and
-    collect the young generation less often."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
-def _kernel_unread(writer: Any) -> int:
-    """Bytes waiting in a connection's kernel receive buffer (0 when unknown)."""
-    sock = writer.get_extra_info("socket") if writer is not None else None
-    if sock is None:
-        return 0
-    try:
-        buf = array.array("i", [0])
-        fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
-        return buf[0]
-    except (OSError, ValueError):
-        return 0
 
 
 class _Endpoints:
