@@ -27,7 +27,8 @@ from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSi
 from ..progress import LogTail, Progress, Snapshot
 from ..faults import faults_from_config, spare_fault_due
 from .detector import StallMeter, silent_workers, stragglers
-from .planner import Spare, by_node, initial_ranks, plan_recovery
+from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec, loss_kind
+from .planner import by_node, initial_ranks, plan_recovery
 from .tally import Arrivals
 
 log = logging.getLogger("ckptless_hpc.coordinator")
@@ -39,25 +40,6 @@ EXIT_STARTUP = 4
 EXIT_REQUEUED = 5
 EXIT_CANCELLED = 6
 EXIT_NONFINITE = 7
-
-
-@dataclass
-class WorkerRec:
-    wid: str
-    node: str
-    local: int
-    role: str  # active | spare | dead
-    writer: Any = None
-    pid: Optional[int] = None
-    host: Optional[str] = None
-    state_port: Optional[int] = None
-    built: bool = False
-    last_seen: Optional[float] = None
-    seen_stall: float = 0.0  # the coordinator's stall total when it was last heard (detector.py)
-    reader: Optional[protocol.FrameProtocol] = None  # its connection's frames, once it has its config
-    rank: Optional[int] = None
-    compute_s: Optional[float] = None
-    outbox: List[Dict[str, Any]] = field(default_factory=list)  # said before it connected
 
 
 @dataclass
@@ -81,12 +63,9 @@ class Coordinator:
         self.wpn = c.workers_per_node
         self.world = c.nodes * c.workers_per_node
         self.events = EventLog(os.path.join(run_dir, "events.jsonl"), job_id, clock)
-        self.workers: Dict[str, WorkerRec] = {}
-        self.ranks: Dict[int, str] = {}
+        self.members = Membership(self.wpn)
         self.gen = -1
         self.gens: Dict[int, _GenState] = {}
-        self.bad_nodes: Set[str] = set()
-        self.active_nodes: Set[str] = set()
         self.pending: Dict[str, tuple] = {}  # failed worker -> (reason, detect time)
         self.faults = faults_from_config(cfg)
         self.faults_done: Set[int] = set()
@@ -119,6 +98,27 @@ class Coordinator:
         self._config: Optional[Dict[str, Any]] = None
         self.stalls = StallMeter(c.heartbeat_interval_s, clock())
         self.hb_delay = DelayHistogram()  # heartbeat sent (worker's clock) -> read here
+
+    # ------------------------------------------------------------------ membership (membership.py decides)
+    @property
+    def workers(self) -> Dict[str, WorkerRec]:
+        return self.members.workers
+
+    @property
+    def ranks(self) -> Dict[int, str]:
+        return self.members.ranks
+
+    @ranks.setter
+    def ranks(self, value: Dict[int, str]) -> None:
+        self.members.ranks = value
+
+    @property
+    def bad_nodes(self) -> Set[str]:
+        return self.members.bad_nodes
+
+    @property
+    def active_nodes(self) -> Set[str]:
+        return self.members.active_nodes
 
     # ------------------------------------------------------------------ helpers
     def _notify(self) -> None:
@@ -308,7 +308,7 @@ class Coordinator:
             samples = msg.get("samples")
             self.tensorboard.step(step, msg["loss"], msg.get("lr"), msg.get("grad_norm"), msg["step_s"], samples / msg["step_s"] if samples and msg["step_s"] > 0 else None)
         f = spare_fault_due(self.faults, self.faults_done | self._injected, step) if self.faults else None
-        spare = None if f is None else next((w for w in self.workers.values() if w.role == "spare" and w.writer is not None), None)
+        spare = None if f is None else self.members.connected_spare()
         if f is not None and spare is not None:
             self._injected.add(f.index)
             self._send(spare, {"type": "inject", "index": f.index})
@@ -355,8 +355,7 @@ class Coordinator:
         """(alive ranks, spares) for the progress line: counted at most every 0.5 s, not per step."""
         when, alive, spares = self._census
         if now - when >= 0.5 or now < when:
-            alive = sum(1 for w in self.ranks.values() if self.workers[w].role == "active")
-            spares = sum(1 for w in self.workers.values() if w.role == "spare")
+            alive, spares = self.members.census()
             self._census = (now, alive, spares)
         return alive, spares
 
@@ -367,16 +366,16 @@ class Coordinator:
         t_detect = self.clock()
         if rec.rank is not None and rec.rank == self.cfg.train.console_rank:
             self._echo_once()  # its last lines (a traceback, say) before the rank moves on
-        was = rec.role
-        rec.role = "dead"
+        was = self.members.lose(rec.wid)
         if rec.writer is not None:
             rec.writer.close()
         self.launcher.kill_worker(rec.wid)
         self._emit("failure_detected", rec, reason=reason, role=was, at=t_detect)
         log.warning("worker %s (node %s, rank %s, %s) failed: %s", rec.wid, rec.node, rec.rank, was, reason)
-        if self._t_train is None and was == "active":
+        kind = loss_kind(was, self._t_train is not None)
+        if kind == FATAL_AT_STARTUP:
             self.fatal = self.fatal or f"worker {rec.wid} on node {rec.node} died during start-up: {reason}\n{self._log_tail(rec.wid)}"
-        elif was == "active":
+        elif kind == RECOVER:
             self.pending[rec.wid] = (reason, t_detect)
         else:
             self._exclude(rec.node, f"spare {rec.wid} failed: {reason}")
@@ -384,17 +383,14 @@ class Coordinator:
         self._notify()
 
     def _exclude(self, node: str, why: str) -> None:
-        if node in self.bad_nodes:
+        idle = self.members.exclude(node)
+        if idle is None:
             return
-        self.bad_nodes.add(node)
-        self.active_nodes.discard(node)
         self._emit("node_excluded", node=node, reason=why)
         self.launcher.exclude_node(node, why)
         self._persist()
-        for w in self.workers.values():  # idle spares of a bad node are never promoted
-            if w.node == node and w.role == "spare":
-                w.role = "dead"
-                self.launcher.kill_worker(w.wid)
+        for wid in idle:  # idle spares of a bad node are never promoted
+            self.launcher.kill_worker(wid)
 
     def on_process_exit(self, wid: str, rc: int) -> None:
         rec = self.workers.get(wid)
@@ -424,7 +420,7 @@ class Coordinator:
     def _judge_silence(self, now: float) -> None:
         # still building (importing torch, building the model on a loaded machine): its
         # process exit is watched; silence is judged once it is built
-        live = [w for w in self.workers.values() if w.role != "dead" and w.last_seen is not None and w.built]
+        live = self.members.watched()
         seen = {w.wid: w.last_seen for w in live}
         at = {w.wid: w.seen_stall for w in live}
         silent = silent_workers(now, seen, seen.keys(), self.cfg.cluster.heartbeat_timeout_s, self.stalls.stalled_s, at, self._unread)
@@ -459,9 +455,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ lifecycle
     async def _start_node(self, name: str, role: str) -> None:
-        for j in range(self.wpn):
-            wid = f"{name}.{j}"
-            self.workers[wid] = WorkerRec(wid, name, j, role)
+        self.members.add_node(name, role)
         await self.launcher.start_node(name, self.wpn, self.address, self.on_process_exit)
         self._emit("node_started", node=name, role=role, workers=self.wpn)
 
@@ -491,7 +485,7 @@ class Coordinator:
             await self._start_node(name, "active")
         for name in spare:
             await self._start_node(name, "spare")
-        self.active_nodes = set(active)
+        self.members.active_nodes = set(active)
         await loop.run_in_executor(None, self._make_store)
         self._store_ready.set()
         self._persist()
@@ -573,10 +567,9 @@ class Coordinator:
     def _assign(self, ranks: Dict[int, str], step: int, sources: Dict[str, List[str]], load: Optional[Dict[str, Any]] = None) -> None:
         done = sorted(self.faults_done)
         ends = _Endpoints(self.workers)
+        self.members.assign(ranks)
         for r, wid in ranks.items():
-            rec = self.workers[wid]
-            rec.rank, rec.role = r, "active"
-            self._send(rec, messages.assign(self.gen, r, self.world, step, sources.get(wid, ()), ends, done, load))
+            self._send(self.workers[wid], messages.assign(self.gen, r, self.world, step, sources.get(wid, ()), ends, done, load))
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self) -> Optional[int]:
@@ -601,7 +594,7 @@ class Coordinator:
             rec.reasons += [r for r, _ in failures.values()]
             self.gen += 1
             gen = self.gen
-            survivors = {r: w for r, w in self.ranks.items() if self.workers[w].role == "active"}
+            survivors = self.members.survivors()
             self._emit("generation_bumped", failed_ranks=failed_ranks, survivors=len(survivors))
             self._broadcast(survivors.values(), {"type": "abort", "gen": gen})
             g = self._g(gen)
@@ -615,17 +608,14 @@ class Coordinator:
                         self._lost(self.workers[w], f"did not hold within cluster.recovery_timeout_s={c.recovery_timeout_s}s")
                 continue
             held_steps = {w: m.get("step") for w, m in g.held.items()}
-            dead = {w for w in self.ranks.values() if self.workers[w].role == "dead"}
-            spares = [Spare(w.wid, w.node, w.built) for w in self.workers.values() if w.role == "spare"]
-            plan, reason = plan_recovery(self.ranks, dead, held_steps, spares, self.active_nodes, self.bad_nodes)
+            plan, reason = plan_recovery(self.ranks, self.members.failed(), held_steps, self.members.spares(), self.active_nodes, self.bad_nodes)
             if plan is None:
                 self._emit("no_spare", reason=reason)
                 return await self._save_and_requeue(reason, survivors, held_steps)
             rec.target_step = plan.target_step
+            self.members.adopt(plan)
             for r, w in plan.promoted.items():
-                self.active_nodes.add(self.workers[w].node)
                 self._emit("spare_promoted", self.workers[w], rank=r, step=plan.target_step)
-            self.ranks = plan.ranks
             self._assign(self.ranks, plan.target_step, plan.sources)
             # a promoted spare that is still starting needs its start-up time first
             unbuilt = any(not self.workers[w].built for w in self.ranks.values())
@@ -662,7 +652,7 @@ class Coordinator:
     async def _refill(self) -> None:
         if self.stopping or not self.cfg.cluster.refill_spares:
             return
-        need = self.cfg.cluster.spare_nodes - len({w.node for w in self.workers.values() if w.role == "spare"})
+        need = self.cfg.cluster.spare_nodes - len(self.members.spare_nodes())
         if need <= 0:
             return
         name = self.launcher.free_node()
@@ -673,7 +663,7 @@ class Coordinator:
         self._emit("spare_launched", node=name)
 
     def _quiesce_targets(self) -> Dict[int, str]:
-        return {r: w for r, w in self.ranks.items() if self.workers[w].role == "active"}
+        return self.members.survivors()
 
     async def _hold_all(self, survivors: Dict[int, str]) -> Dict[str, Any]:
         """Abort the in-flight step everywhere (a new generation) and collect the committed steps."""
@@ -755,7 +745,7 @@ class Coordinator:
     def restore(self, state: Dict[str, Any]) -> None:
         """Start from a previous run's restart.json (after a requeue)."""
         self.resume = state.get("saved")
-        self.bad_nodes = set(state.get("excluded_nodes", []))
+        self.members.bad_nodes = set(state.get("excluded_nodes", []))
         self.faults_done = set(state.get("faults_done", []))
 
     # ------------------------------------------------------------------ the end
