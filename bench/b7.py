@@ -200,7 +200,7 @@ def metrics_cost(run_dir: Path, calls: int = 2000) -> Dict[str, Any]:
     def timed(first: int) -> float:
         t0 = time.perf_counter()
         for s in range(first, first + calls):
-            c._on_metrics(rec, {"type": "metrics", "step": s, "loss": 1.0, "step_s": 0.01, "gen": 0, "samples": 8})
+            c._dispatch(rec, {"type": "metrics", "step": s, "loss": 1.0, "step_s": 0.01, "gen": 0, "samples": 8})
         return (time.perf_counter() - t0) / calls
 
     timed(1)

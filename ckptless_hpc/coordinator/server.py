@@ -21,7 +21,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 from omegaconf import OmegaConf
 
 from .. import protocol
-from . import host, messages
+from . import host, inbox, messages
+from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, Metrics, NonFinite, Ready, Saved, StartupError, TransferFailed
 from ..config import fault_list
 from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink, goodput
 from ..progress import LogTail, Progress, Snapshot
@@ -44,11 +45,11 @@ EXIT_NONFINITE = 7
 
 @dataclass
 class _GenState:
-    held: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    ready: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    held: Dict[str, Held] = field(default_factory=dict)
+    ready: Dict[str, Ready] = field(default_factory=dict)
     joining: Set[str] = field(default_factory=set)  # holds its state, forming the group
-    fetched: List[Dict[str, Any]] = field(default_factory=list)
-    done: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    fetched: List[Fetched] = field(default_factory=list)
+    done: Dict[str, Done] = field(default_factory=dict)
 
 
 class Coordinator:
@@ -250,63 +251,65 @@ class Coordinator:
         self._notify()
 
     def _dispatch(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
-        kind = msg["type"]
-        if kind == "hb":
-            rec.compute_s = msg.get("compute_s")
+        m = inbox.parse(msg)
+        if m is None:
+            log.warning("unknown message %r from %s", msg.get("type"), rec.wid)
             return
-        if kind == "built":
-            rec.built, rec.state_port = True, int(msg["state_port"])
-            self._emit(
-                "spare_ready" if rec.role == "spare" else "worker_ready", rec, state_bytes=msg.get("state_bytes"), params=msg.get("params"), state_port=rec.state_port,
-                buckets=msg.get("buckets"), buffers=msg.get("buffers"),
-            )
-        elif kind == "metrics":
-            self._on_metrics(rec, msg)
-        elif kind == "held":
-            gen = msg.get("abort_gen")
-            if gen is not None:
-                self._g(int(gen)).held[rec.wid] = msg
-            elif not self.stopping and rec.role == "active" and msg.get("gen") == self.gen:
-                log.info("rank %s reported: %s", rec.rank, str(msg.get("reason"))[:160])
-                self._emit("collective_error", rec, step=msg.get("step"), reason=msg.get("reason"))
-                asyncio.ensure_future(self._reform_if_unexplained(self.gen))
-        elif kind == "ready":
-            self._g(int(msg["gen"])).ready[rec.wid] = msg
-        elif kind == "joining":
-            self._g(int(msg["gen"])).joining.add(rec.wid)
-        elif kind == "fetched":
-            self._g(int(msg["gen"])).fetched.append(dict(msg, worker=rec.wid))
-            self._emit("state_transferred", rec, source=msg.get("source"), bytes=msg.get("bytes"), seconds=msg.get("seconds"))
-        elif kind == "transfer_error":
-            self._emit("transfer_error", rec, source=msg.get("source"), error=msg.get("error"))
-        elif kind == "fault":
-            self.faults_done.add(int(msg["index"]))
-            ev = self._emit("fault_injected", rec, step=msg.get("step"), kind=msg.get("kind"), index=msg.get("index"), pid=msg.get("pid"))
+        if isinstance(m, Built):
+            rec.built, rec.state_port = True, m.state_port
+            kind = "spare_ready" if rec.role == "spare" else "worker_ready"
+            self._emit(kind, rec, state_bytes=m.state_bytes, params=m.params, state_port=m.state_port, buckets=m.buckets, buffers=m.buffers)
+        elif isinstance(m, Metrics):
+            self._on_metrics(rec, m)
+        elif isinstance(m, Held):
+            self._on_held(rec, m)
+        elif isinstance(m, Ready):
+            self._g(m.gen).ready[rec.wid] = m
+        elif isinstance(m, Joining):
+            self._g(m.gen).joining.add(rec.wid)
+        elif isinstance(m, Fetched):
+            self._g(m.gen).fetched.append(m)
+            self._emit("state_transferred", rec, source=m.source, bytes=m.bytes, seconds=m.seconds)
+        elif isinstance(m, TransferFailed):
+            self._emit("transfer_error", rec, source=m.source, error=m.error)
+        elif isinstance(m, FaultFired):
+            self.faults_done.add(m.index)
+            ev = self._emit("fault_injected", rec, step=m.step, kind=m.kind, index=m.index, pid=m.pid)
             self.fault_times.append(ev["time"])  # the recovery's t_fail is this event's time
             self._persist()
-        elif kind == "done":
-            self._g(int(msg["gen"])).done[rec.wid] = msg
-        elif kind == "saved":
-            self.saved = msg
-            self._emit("state_saved", rec, step=msg.get("step"), path=msg.get("path"))
-        elif kind == "nonfinite":
-            if self.nonfinite is None:
-                self.nonfinite = dict(msg, worker=rec.wid, node=rec.node)
-                self._emit("nonfinite", rec, step=msg.get("step"), loss=msg.get("loss"), grad_norm=msg.get("grad_norm"))
-        elif kind == "startup_error":
-            self.fatal = f"worker {rec.wid} on node {rec.node} failed at start-up:\n{msg.get('traceback', '').rstrip()}"
+        elif isinstance(m, Done):
+            self._g(m.gen).done[rec.wid] = m
         else:
-            log.warning("unknown message %r from %s", kind, rec.wid)
+            self._on_outcome(rec, m)
 
-    def _on_metrics(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
-        step = int(msg["step"])
+    def _on_held(self, rec: WorkerRec, m: Held) -> None:
+        if m.abort_gen is not None:
+            self._g(m.abort_gen).held[rec.wid] = m
+        elif not self.stopping and rec.role == "active" and m.gen == self.gen:
+            log.info("rank %s reported: %s", rec.rank, str(m.reason)[:160])
+            self._emit("collective_error", rec, step=m.step, reason=m.reason)
+            asyncio.ensure_future(self._reform_if_unexplained(self.gen))
+
+    def _on_outcome(self, rec: WorkerRec, m: inbox.Message) -> None:
+        """Messages that end the job one way or another: saved, non-finite, start-up error."""
+        if isinstance(m, Saved):
+            self.saved = {"path": m.path, "step": m.step, "sha256": m.sha256}
+            self._emit("state_saved", rec, step=m.step, path=m.path)
+        elif isinstance(m, NonFinite):
+            if self.nonfinite is None:
+                self.nonfinite = {"step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "rank": m.rank, "held": m.held, "worker": rec.wid, "node": rec.node}
+                self._emit("nonfinite", rec, step=m.step, loss=m.loss, grad_norm=m.grad_norm)
+        elif isinstance(m, StartupError):
+            self.fatal = f"worker {rec.wid} on node {rec.node} failed at start-up:\n{m.traceback.rstrip()}"
+
+    def _on_metrics(self, rec: WorkerRec, m: Metrics) -> None:
+        step = m.step
         now = self.clock()
-        self.steps.add(step, msg["loss"], msg["step_s"])
-        self._emit("step", rec, step=step, loss=msg["loss"], lr=msg.get("lr"), grad_norm=msg.get("grad_norm"), step_s=msg["step_s"], skipped=msg.get("skipped"), at=now)
-        self.skipped = msg.get("skipped_total") or self.skipped
+        self.steps.add(step, m.loss, m.step_s)
+        self._emit("step", rec, step=step, loss=m.loss, lr=m.lr, grad_norm=m.grad_norm, step_s=m.step_s, skipped=m.skipped, at=now)
+        self.skipped = m.skipped_total or self.skipped
         if self.tensorboard is not None:
-            samples = msg.get("samples")
-            self.tensorboard.step(step, msg["loss"], msg.get("lr"), msg.get("grad_norm"), msg["step_s"], samples / msg["step_s"] if samples and msg["step_s"] > 0 else None)
+            self.tensorboard.step(step, m.loss, m.lr, m.grad_norm, m.step_s, m.samples / m.step_s if m.samples and m.step_s > 0 else None)
         f = spare_fault_due(self.faults, self.faults_done | self._injected, step) if self.faults else None
         spare = None if f is None else self.members.connected_spare()
         if f is not None and spare is not None:
@@ -327,19 +330,19 @@ class Coordinator:
                 "recovered: downtime %.2fs (detect %.2f, reconfigure %.2f, transfer %.2f, resume %.2f)",
                 rep["downtime_s"], rep["detect_s"], rep["reconfigure_s"], rep["transfer_s"], rep["resume_s"],
             )
-        self._progress(step, msg)
+        self._progress(step, m)
 
-    def _progress(self, step: int, msg: Dict[str, Any]) -> None:
+    def _progress(self, step: int, m: Metrics) -> None:
         now = self.clock()
         t_train = self._t_train or now
         steps_per_s = self.steps.steps_per_s(step)
-        samples = msg.get("samples")
+        samples = m.samples
         alive, spares = self._head_count(now)
         self.progress.update(
             Snapshot(
                 step=step,
                 total=self.cfg.train.steps,
-                loss=float(msg["loss"]),
+                loss=float(m.loss),
                 samples_per_s=samples * steps_per_s if samples else None,
                 steps_per_s=steps_per_s,
                 alive=alive,
@@ -607,7 +610,7 @@ class Coordinator:
                     if w not in g.held:
                         self._lost(self.workers[w], f"did not hold within cluster.recovery_timeout_s={c.recovery_timeout_s}s")
                 continue
-            held_steps = {w: m.get("step") for w, m in g.held.items()}
+            held_steps = {w: m.step for w, m in g.held.items()}
             plan, reason = plan_recovery(self.ranks, self.members.failed(), held_steps, self.members.spares(), self.active_nodes, self.bad_nodes)
             if plan is None:
                 self._emit("no_spare", reason=reason)
@@ -635,9 +638,9 @@ class Coordinator:
         rec.gen = self.gen
         rec.t_ready = self.clock()
         rec.replacements = {str(r): self.ranks[r] for r in rec.failed_ranks if r in self.ranks}
-        rec.transfer_s = max([f.get("seconds", 0.0) for f in g.fetched], default=0.0)
-        rec.bytes_transferred = sum(int(f.get("bytes", 0)) for f in g.fetched)
-        rec.survivors_restarted = sum(1 for w, m in g.held.items() if w in g.ready and g.ready[w].get("pid") != m.get("pid"))
+        rec.transfer_s = max([f.seconds for f in g.fetched], default=0.0)
+        rec.bytes_transferred = sum(f.bytes for f in g.fetched)
+        rec.survivors_restarted = sum(1 for w, m in g.held.items() if w in g.ready and g.ready[w].pid != m.pid)
         self.recoveries.append(rec)
         self.resuming = rec
         self._emit(
@@ -671,7 +674,7 @@ class Coordinator:
         g = self._g(self.gen)
         self._broadcast(survivors.values(), {"type": "abort", "gen": self.gen})
         await self._until(Arrivals(survivors.values(), g.held.__contains__), self.cfg.cluster.recovery_timeout_s)
-        return {w: m.get("step") for w, m in g.held.items()}
+        return {w: m.step for w, m in g.held.items()}
 
     async def _save_state(self, survivors: Dict[int, str], held: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         """Have one rank holding the newest committed step write it to the run directory, once."""
@@ -685,7 +688,6 @@ class Coordinator:
         self._send(self.workers[holder], {"type": "stop", "save": path})
         await self._until(lambda: self.saved is not None or self.workers[holder].role == "dead", self.cfg.cluster.recovery_timeout_s)
         if self.saved:
-            self.saved = {k: self.saved[k] for k in ("path", "step", "sha256")}
             self._persist()
         return self.saved
 
@@ -751,9 +753,9 @@ class Coordinator:
     # ------------------------------------------------------------------ the end
     def _complete(self) -> int:
         done = self._g(self.gen).done
-        hashes = {m["sha256"] for m in done.values()}
+        hashes = {m.sha256 for m in done.values()}
         if len(hashes) != 1:
-            detail = {self.workers[w].rank: m["sha256"][:12] for w, m in done.items()}
+            detail = {self.workers[w].rank: m.sha256[:12] for w, m in done.items()}
             return self._finish(EXIT_FAILED, "failed", f"replicas diverged: state hashes by rank {detail}")
         self._emit("replicas_verified", step=self.cfg.train.steps, sha256=next(iter(hashes)), ranks=len(done))
         return self._finish(EXIT_OK, "completed", None, final_sha=next(iter(hashes)))

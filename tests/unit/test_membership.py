@@ -68,3 +68,19 @@ def test_too_few_spares_for_a_mass_failure_is_a_reason_not_a_crash():
         m.lose(f"n4.{j}")
     plan, reason = plan_recovery(m.ranks, m.failed(), {w: 1 for w in m.survivors().values()}, m.spares(), m.active_nodes, m.bad_nodes)
     assert plan is None and "16 rank(s)" in reason and "8 usable spare(s)" in reason
+
+
+def test_typed_messages_name_the_field_and_value_they_refuse():
+    from ckptless_hpc.coordinator import inbox
+
+    held = inbox.parse({"type": "held", "gen": 0, "abort_gen": 1, "step": 5, "pid": 3, "reason": "abort", "t": 1.0})
+    assert held == inbox.Held(gen=0, abort_gen=1, step=5, pid=3, reason="abort")
+    assert inbox.parse({"type": "no-such-kind"}) is None
+    with pytest.raises(inbox.MessageError, match=r"'ready' message: field 'gen' is missing.*HINT"):
+        inbox.parse({"type": "ready"})
+    with pytest.raises(inbox.MessageError, match=r"'done' message: field 'sha256' = 7 is not of type str"):
+        inbox.parse({"type": "done", "gen": 1, "sha256": 7})
+    with pytest.raises(inbox.MessageError, match="'gen' = True"):
+        inbox.parse({"type": "joining", "gen": True})
+    m = inbox.parse({"type": "metrics", "step": 3.0, "loss": float("nan"), "step_s": 0.1})
+    assert m.step == 3 and isinstance(m.step, int) and m.lr is None
