@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional
 
 from ckptless_hpc.protocol import SECRET_ENV, new_secret
 
-from .common import REPO, read_jsonl
+from .common import REPO
 
 RANKS_PER_PROCESS = 2500
 # issue 11's targets at 10,000 ranks and a 0.5 s heartbeat interval
