@@ -237,3 +237,23 @@ def table(b7: Dict[str, Any]) -> str:
     if m:
         out.append(f"\nOne `metrics` message: {m['at_1k_us']} us at step 1k, {m['at_1m_us']} us at step 1M (ratio {m['ratio_1m_vs_1k']}).")
     return "\n".join(out)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m bench.b7 --ranks N --steady-s S --run-dir D``: one B7 point on its own (a soak)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m bench.b7", description=main.__doc__)
+    ap.add_argument("--ranks", type=int, default=10000)
+    ap.add_argument("--wpn", type=int, default=8)
+    ap.add_argument("--steady-s", type=float, default=60.0)
+    ap.add_argument("--run-dir", type=Path, default=REPO / "bench" / "results" / "tmp" / "b7-soak")
+    a = ap.parse_args(argv)
+    res = run_point(a.ranks, a.wpn, a.steady_s, a.run_dir)
+    print(json.dumps(res, indent=2))
+    print(one_line(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
