@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
 import sys
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from hydra import compose, initialize_config_module
@@ -66,6 +68,25 @@ class SimLauncher:
         pass
 
 
+class GcPauses:
+    """gc.callbacks: how many collections, how long in all, the longest (seconds)."""
+
+    def __init__(self) -> None:
+        self.t0, self.n, self.total_s, self.max_s = 0.0, 0, 0.0, 0.0
+
+    def __call__(self, phase: str, info: Dict[str, Any]) -> None:
+        if phase == "start":
+            self.t0 = time.perf_counter()
+        else:
+            d = time.perf_counter() - self.t0
+            self.n, self.total_s, self.max_s = self.n + 1, self.total_s + d, max(self.max_s, d)
+
+    def take(self) -> Dict[str, Any]:
+        out = {"collections": self.n, "total_s": round(self.total_s, 4), "max_s": round(self.max_s, 4)}
+        self.n, self.total_s, self.max_s = 0, 0.0, 0.0
+        return out
+
+
 def config(nodes: int, wpn: int, spare_nodes: int, interval_s: float, timeout_s: float) -> Any:
     register_configs()
     overrides = [
@@ -97,10 +118,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     coord = context.coordinator = Coordinator(cfg, a.run_dir, launcher, load_secret(), job_id)
 
     marks: List[Dict[str, Any]] = []
+    gc_pauses = GcPauses()
+    gc.callbacks.append(gc_pauses)
 
     def mark() -> None:
-        """SIGUSR2: the heartbeat delays so far are one phase of the run; start the next."""
-        marks.append(coord.hb_delay.report())
+        """SIGUSR2: the heartbeat delays (and GC pauses) so far are one phase of the run; start the next."""
+        marks.append(dict(coord.hb_delay.report(), gc=gc_pauses.take()))
         coord.hb_delay = DelayHistogram()
 
     async def run() -> int:
