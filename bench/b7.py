@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,7 +107,8 @@ def _stop(procs: List[subprocess.Popen], timeout_s: float) -> None:
 def run_point(ranks: int, wpn: int, steady_s: float, run_dir: Path, rate: float = 100.0, interval_s: float = 0.5) -> Dict[str, Any]:
     """One world size: start-up burst, steady window, one rank's connection closed, recovery."""
     nodes = ranks // wpn
-    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run_dir, ignore_errors=True)  # a stale address.json or events.jsonl would be read as this run's
+    run_dir.mkdir(parents=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env[SECRET_ENV] = new_secret()
     profile = ["-m", "cProfile", "-o", str(run_dir / "coordinator.prof")] if os.environ.get("B7_PROFILE") else []  # for looking, not for figures

@@ -413,6 +413,7 @@ class Coordinator(Channel):
         watch = asyncio.ensure_future(self._heartbeat_watch())
         echo = asyncio.ensure_future(self._echo_console_rank())
         thresholds = gc.get_threshold()
+        gc.set_threshold(*host.GC_THRESHOLDS)  # start-up builds a record and a connection per worker: fewer full collections
         try:
             code = await self._main()
         finally:
