@@ -50,6 +50,9 @@ class Plan:
     b6_interval_s: float  # mean (here: fixed) time between failures
     b6_failures: int
     sim_gpus: Tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 100000)
+    b7_ranks: Tuple[int, ...] = (1000, 4000, 10000)  # simulated ranks (bench/b7.py)
+    b7_wpn: int = 8  # ranks per simulated node
+    b7_steady_s: float = 20.0  # the window in which CPU and heartbeat delay are measured
     notes: Dict[str, str] = field(default_factory=dict)
 
 
@@ -61,6 +64,7 @@ QUICK = Plan(
     b4_bytes=32 << 20, b4_reps=1,
     b5_size="tiny", b5_nodes=(2, 4), b5_steps=30, b5_fault_step=15, b5_reps=1,  # 8 workers: full run only
     b6_size="tiny", b6_interval_s=4.0, b6_failures=1,
+    b7_ranks=(300,), b7_steady_s=3.0,
 )
 
 FULL = Plan(

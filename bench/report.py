@@ -91,7 +91,31 @@ def rows(res: Dict[str, Any]) -> List[List[str]]:
         f"(interval {s16['interval_s']:.0f}s, MTBF {s16['mtbf_s'] / 3600:.1f} h); ckptless x (1 - B3 overhead) {_pct(s16.get('checkpointless_throughput'), 2)}",
         ">=98%", _ok(s16["checkpointless_goodput"] >= 0.98),
     ])
+    out += b7_rows(res.get("b7"))
     return out
+
+
+def b7_rows(b7: Optional[Dict[str, Any]]) -> List[List[str]]:
+    """B7 (the coordinator under simulated ranks): one row per world size."""
+    if not b7:
+        return []
+    t = b7["targets"]
+    rows_ = []
+    for p in b7["points"]:
+        met = [p["cpu_pct"] <= t["cpu_pct"], p["hb_delay_p99_ms"] <= t["hb_delay_p99_ms"], p["assign_ms"] <= t["assign_ms"],
+               p["startup_lost"] == 0, p["false_failures"] == 0]
+        rows_.append([
+            f"B7 coordinator, {p['ranks']:,} simulated ranks",
+            f"CPU {p['cpu_pct']:.1f}% of a core; heartbeat delay p99 {p['hb_delay_p99_ms']:.0f} ms; closed -> last assign {p['assign_ms']:.0f} ms, "
+            f"re-formed {p['reformed_ms']:.0f} ms; start-up {p['startup_s']:.1f}s, {p['startup_lost']} lost; {p['false_failures']} false failures",
+            f"at 10k: <={t['cpu_pct']:.0f}%, <={t['hb_delay_p99_ms']:.0f} ms, <={t['assign_ms']:.0f} ms, 0 lost, 0 false",
+            "; ".join(_ok(m) for m in met),
+        ])
+    m = b7.get("metrics")
+    if m:
+        rows_.append(["B7 metrics message at step 1M vs 1k", f"{m['at_1m_us']} us vs {m['at_1k_us']} us: x{m['ratio_1m_vs_1k']}",
+                      f"<= x{t['metrics_ratio_1m_vs_1k']}", _ok(m["ratio_1m_vs_1k"] <= t["metrics_ratio_1m_vs_1k"])])
+    return rows_
 
 
 def table(res: Dict[str, Any]) -> str:

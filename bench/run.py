@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # python bench/run.py
 
 from ckptless_hpc import sim  # noqa: E402
 
-from . import ckpt_restart, report, torchft_bench, transfer  # noqa: E402
+from . import b7 as b7lib, ckpt_restart, report, torchft_bench, transfer  # noqa: E402
 from .common import REPO, SIZES, BenchError, JobRun, cpu_per_step, lm_params, machine_info, median, run_ckptless, task_overrides  # noqa: E402
 from .plan import PLANS, Plan  # noqa: E402
 
@@ -310,6 +310,19 @@ class Bench:
         return out
 
     # ---------------------------------------------------------------- B6: at scale
+    def b7(self) -> Dict[str, Any]:
+        """B7: the real coordinator under simulated ranks (bench/b7.py), one run per world size."""
+        p = self.plan
+        points = []
+        for n in p.b7_ranks:
+            log(f"B7 coordinator at scale: {n} simulated ranks ({p.b7_wpn} per node), steady window {p.b7_steady_s:.0f}s")
+            t0 = time.monotonic()
+            points.append(b7lib.run_point(n, p.b7_wpn, p.b7_steady_s, self.rundir(f"b7-{n}")))
+            log(f"  b7-{n}: {time.monotonic() - t0:.0f}s: " + b7lib.one_line(points[-1]))
+        metrics = b7lib.metrics_cost(self.rundir("b7-metrics"))
+        log(f"  b7 metrics message: {metrics['at_1k_us']} us at step 1k, {metrics['at_1m_us']} us at step 1M")
+        return {"points": points, "metrics": metrics, "targets": b7lib.TARGETS}
+
     def b6_sim(self, b1: Dict[str, Any], b3: Dict[str, Any], b5: Dict[str, Any]) -> Dict[str, Any]:
         pt = b1["points"][-1]  # the largest model measured
         rows = b5["rows"]
@@ -374,6 +387,7 @@ def headline(res: Dict[str, Any]) -> Dict[str, Optional[float]]:
         "b5_growth_pct_2_to_8": _f(res["b5"]["growth_pct"]),
         "b6_goodput_local": _f(res["b6"]["ckptless"]["goodput"]),
         "b6_goodput_sim_16k": _f(res["b6_sim"]["at_16k"]["checkpointless_goodput"]),
+        **b7lib.headline(res.get("b7")),
     }
 
 
@@ -387,7 +401,7 @@ def _clean(x: Any) -> Any:
     return x
 
 
-SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim")
+SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7")
 
 
 def _write(res: Dict[str, Any], results: Path) -> None:
@@ -410,10 +424,10 @@ def _resim(results: Path, plan: Plan) -> int:
     return 0
 
 
-INDEPENDENT = ("b3", "b4", "b5")  # sections that use no other section's results
+INDEPENDENT = ("b3", "b4", "b5", "b7")  # sections that use no other section's results
 
 
-def _only(names: List[str], plan: Plan, results: Path) -> int:
+def _only(names: List[str], plan: Plan, results: Path, add_to_latest: bool = False) -> int:
     """Run a few sections alone (e.g. B3 after a change to the step); latest.json is left as it is."""
     bad = [n for n in names if n not in INDEPENDENT]
     if bad:
@@ -423,7 +437,8 @@ def _only(names: List[str], plan: Plan, results: Path) -> int:
     tmp.mkdir(parents=True, exist_ok=True)
     b = Bench(plan, tmp)
     t0 = time.monotonic()
-    res: Dict[str, Any] = {"mode": plan.name, "command": f"python -m bench --only {','.join(names)}", "machine": machine_info(),
+    command = f"python -m bench --only {','.join(names)}" + (" --quick" if plan.name == "quick" else "") + (" --add-to-latest" if add_to_latest else "")
+    res: Dict[str, Any] = {"mode": plan.name, "command": command, "machine": machine_info(),
                            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     for name in names:
         res[name] = getattr(b, name)()
@@ -432,8 +447,24 @@ def _only(names: List[str], plan: Plan, results: Path) -> int:
     path = results / f"only-{'-'.join(names)}.json"
     path.write_text(json.dumps(_clean(res), indent=2) + "\n", encoding="utf-8")
     print(json.dumps({n: res[n] for n in names}, indent=2, default=str))
+    if "b7" in names:
+        print("\n" + b7lib.table(res["b7"]))
+    if add_to_latest:
+        _add_to_latest(res, names, results / "latest.json")
     print(f"\nwrote {path}")
     return 0
+
+
+def _add_to_latest(res: Dict[str, Any], names: List[str], latest: Path) -> None:
+    """Add these sections (and B7's headline keys) to latest.json, changing nothing else in it."""
+    old = json.loads(latest.read_text(encoding="utf-8"))
+    for n in names:
+        old[n] = res[n]
+        old[n]["measured"] = {"command": res["command"], "date": res["date"], "loadavg_at_end": res["machine"]["loadavg_at_end"]}
+    if "b7" in names:
+        old.update(b7lib.headline(res["b7"]))
+    latest.write_text(json.dumps(_clean(old), indent=2) + "\n", encoding="utf-8")
+    print(f"added {', '.join(names)} to {latest}")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -441,6 +472,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the CI smoke: tiny sizes, one repetition, a few minutes")
     ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help=f"results folder (default {DEFAULT_RESULTS.relative_to(REPO)})")
     ap.add_argument("--resim", action="store_true", help="measure nothing: recompute the simulation (B6 at scale), table and chart from DIR/latest.json")
+    ap.add_argument("--add-to-latest", action="store_true", help="with --only: also add those sections (and their headline keys) to DIR/latest.json, leaving the rest of it as it is")
     ap.add_argument("--only", default="", help=f"comma-separated sections that need no other ({', '.join(INDEPENDENT)}): run just those, write DIR/only-<names>.json")
     args = ap.parse_args(argv)
     plan = PLANS["quick" if args.quick else "full"]
@@ -448,7 +480,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.resim:
         return _resim(results, plan)
     if args.only:
-        return _only(args.only.split(","), plan, results)
+        return _only(args.only.split(","), plan, results, args.add_to_latest)
     tmp = results / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     command = "python -m bench" + (" --quick" if args.quick else "") + ("" if results == DEFAULT_RESULTS else f" --results {args.results}")
@@ -470,6 +502,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "b2": lambda: b.b2(res["b3"]),
         "b6": lambda: b.b6(res["b3"]),
         "b6_sim": lambda: b.b6_sim(res["b1"], res["b3"], res["b5"]),
+        "b7": b.b7,
     }
     for name in SECTIONS:
         res[name] = steps[name]()

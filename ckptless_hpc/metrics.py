@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Dict, List, Optional
 
@@ -68,6 +69,83 @@ class Recovery:
         for k in ("t_fail", "t_detect", "t_ready", "t_resumed"):  # wall-clock anchors, for reports and charts
             d[k] = None if d[k] is None else round(d[k], 6)
         return d
+
+
+class StepLog:
+    """Rank 0's per-step figures in bounded memory, O(1) per step at any step count.
+
+    The last ``window`` steps are kept (a step redone after a recovery replaces its own entry,
+    so that it counts once); older steps are folded into running totals. The event log on disk
+    keeps every step.
+    """
+
+    def __init__(self, window: int = 256) -> None:
+        self.window = window
+        self._recent: "OrderedDict[int, tuple]" = OrderedDict()  # step -> (step_s, loss), oldest first (O(1) to drop, unlike a dict)
+        self._recent_s = 0.0
+        self._folded_s = 0.0
+        self.last_step: Optional[int] = None
+        self.last_loss: Optional[float] = None
+
+    def add(self, step: int, loss: float, step_s: float) -> None:
+        old = self._recent.pop(step, None)
+        if old is not None:
+            self._recent_s -= old[0]
+        self._recent[step] = (step_s, loss)
+        self._recent_s += step_s
+        if self.last_step is None or step >= self.last_step:
+            self.last_step, self.last_loss = step, loss
+        while len(self._recent) > self.window:
+            folded = self._recent.popitem(last=False)[1][0]
+            self._folded_s += folded
+            self._recent_s -= folded
+
+    @property
+    def productive_s(self) -> float:
+        """Seconds spent in the steps that count (each step once)."""
+        return self._folded_s + self._recent_s
+
+    def steps_per_s(self, step: int, n: int = 10) -> float:
+        """The pace over the ``n`` steps up to ``step`` (those still in the window)."""
+        times = [self._recent[s][0] for s in range(max(step - n + 1, 1), step + 1) if s in self._recent]
+        total = sum(times)
+        return len(times) / total if times and total > 0 else 0.0
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+
+class DelayHistogram:
+    """Delays (seconds) in fixed 1 ms buckets up to 10 s, O(1) per sample and bounded memory:
+    the heartbeat delay of every message at 10k ranks, with percentiles at any time."""
+
+    BUCKETS = 10_000
+
+    def __init__(self) -> None:
+        self.counts = [0] * (self.BUCKETS + 1)
+        self.n = 0
+        self.max_s = 0.0
+
+    def add(self, delay_s: float) -> None:
+        i = int(delay_s * 1000.0)
+        self.counts[0 if i < 0 else (i if i < self.BUCKETS else self.BUCKETS)] += 1
+        self.n += 1
+        if delay_s > self.max_s:
+            self.max_s = delay_s
+
+    def percentile_ms(self, q: float) -> Optional[float]:
+        """The upper edge (ms) of the bucket holding the q-quantile (0 < q <= 1); None if empty."""
+        if self.n == 0:
+            return None
+        need, seen = q * self.n, 0
+        for i, c in enumerate(self.counts):
+            seen += c
+            if seen >= need:
+                return float(i + 1)
+        return float(self.BUCKETS + 1)
+
+    def report(self) -> Dict[str, Any]:
+        return {"count": self.n, "p50_ms": self.percentile_ms(0.5), "p99_ms": self.percentile_ms(0.99), "max_ms": round(1000 * self.max_s, 3)}
 
 
 def goodput(productive_s: float, wall_s: float) -> float:

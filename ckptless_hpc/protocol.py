@@ -15,10 +15,12 @@ import hashlib
 import hmac
 import json
 import os
+import random
 import secrets
 import socket
 import struct
-from typing import Any, Dict, Optional
+import time
+from typing import Any, Callable, Dict, Optional
 
 MAX_FRAME = 1 << 20
 AUTH_FRAME = 1024  # an unauthenticated peer may send this much, no more
@@ -141,11 +143,54 @@ def server_handshake(sock: socket.socket, secret: str) -> None:
 
 
 def connect(host: str, port: int, secret: str, timeout_s: float = 10.0) -> socket.socket:
+    """One attempt: connect and authenticate within ``timeout_s`` (state transfer: a dead
+    source must fail fast so that the next one is tried)."""
     sock = socket.create_connection((host, port), timeout=timeout_s)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    client_handshake(sock, secret)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client_handshake(sock, secret)
+    except BaseException:
+        sock.close()
+        raise
     sock.settimeout(None)
     return sock
+
+
+def backoff_s(attempt: int, rng: random.Random, base_s: float = 0.1, cap_s: float = 3.0) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap_s, base_s * 2**attempt)]."""
+    return rng.uniform(0.0, min(cap_s, base_s * (2 ** min(attempt, 30))))
+
+
+def attempt_wait_s(attempt: int, first_s: float = 10.0, cap_s: float = 30.0) -> float:
+    """How long one attempt waits for the server's challenge: doubles, up to ``cap_s``."""
+    return min(cap_s, first_s * (2 ** min(attempt, 30)))
+
+
+def connect_paced(host: str, port: int, secret: str, timeout_s: float = 120.0, first_wait_s: float = 10.0, rng: Optional[random.Random] = None) -> socket.socket:
+    """Connect to a server that thousands of clients reach at once (the coordinator).
+
+    The server speaks first, and a full listen queue drops a connection that the client
+    believes open: so each attempt waits a bounded time for the challenge, then the client
+    closes, backs off (jittered, so the burst spreads) and tries again, until ``timeout_s``.
+    A failed authentication is not retried.
+    """
+    rng = rng or random.Random()
+    deadline = time.monotonic() + timeout_s
+    errors = []
+    for attempt in range(1 << 30):
+        left = deadline - time.monotonic()
+        try:
+            return connect(host, port, secret, timeout_s=max(0.05, min(left, attempt_wait_s(attempt, first_wait_s))))
+        except (TimeoutError, ConnectionError) as e:
+            errors.append(type(e).__name__)
+        pause = backoff_s(attempt, rng)
+        if time.monotonic() + pause >= deadline:
+            break
+        time.sleep(pause)
+    raise ConnectionError(
+        f"could not reach {host}:{port} within {timeout_s:.0f}s ({len(errors)} attempts: {', '.join(sorted(set(errors)))}). "
+        "HINT: check that the coordinator is running and that this node can reach cluster.bind_host"
+    )
 
 
 # ---------------------------------------------------------------------------- asyncio side
@@ -163,3 +208,67 @@ async def aserver_handshake(reader: asyncio.StreamReader, writer: asyncio.Stream
     answer = await asyncio.wait_for(arecv_msg(reader, max_len=AUTH_FRAME), timeout_s)
     writer.write(encode(_check_answer(answer, secret, nonce)))
     await writer.drain()
+
+
+class FrameProtocol(asyncio.Protocol):
+    """The frames of a connection as they arrive: every complete frame of a read is handled in
+    that one callback (no coroutine, future or wake-up per frame). ``on_message`` gets each
+    message; ``on_closed`` once, with why. Installed on an authenticated connection in place of
+    the stream reader (``take_over``)."""
+
+    def __init__(self, on_message: Callable[[Dict[str, Any]], None], on_closed: Callable[[str], None], max_len: int = MAX_FRAME) -> None:
+        self._on_message, self._on_closed, self._max = on_message, on_closed, max_len
+        self._buf = bytearray()
+        self._transport: Any = None
+        self._closed = False
+
+    def take_over(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read ``writer``'s connection from now on, starting with what ``reader`` buffered."""
+        leftover = getattr(reader, "_buffer", None)
+        self.connection_made(writer.transport)
+        writer.transport.set_protocol(self)
+        if leftover:
+            data = bytes(leftover)
+            leftover.clear()
+            self.data_received(data)
+        if reader.at_eof() or reader.exception() is not None or writer.transport.is_closing():
+            self._close("EOF")  # it went away before we took over: no connection_lost will come
+
+    def pending(self) -> int:
+        """Bytes received and not yet handled."""
+        return len(self._buf)
+
+    def connection_made(self, transport: Any) -> None:
+        self._transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        pos, n = 0, len(buf)
+        try:
+            while n - pos >= 4 and not self._closed:
+                end = pos + 4 + _check_len(_HDR.unpack_from(buf, pos)[0], self._max)
+                if end > n:
+                    break
+                msg = decode(bytes(buf[pos + 4 : end]))
+                pos = end
+                self._on_message(msg)
+        except ProtocolError as e:
+            self._close(f"ProtocolError: {e}")
+            return
+        del buf[:pos]
+
+    def eof_received(self) -> bool:
+        return False  # close our end too
+
+    def connection_lost(self, exc: Optional[BaseException]) -> None:
+        self._close("EOF" if exc is None else type(exc).__name__)
+
+    def _close(self, why: str) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._buf.clear()
+        if self._transport is not None:
+            self._transport.close()
+        self._on_closed(why)

@@ -6,7 +6,10 @@ No processes, sockets or clocks here; the coordinator carries plans out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+
+MAX_SOURCES = 4  # state sources named per worker: a few alternatives, never every survivor
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,19 @@ def initial_ranks(nodes: Sequence[Tuple[str, Sequence[str]]]) -> Dict[int, str]:
     return ranks
 
 
+def by_node(workers: Iterable[Tuple[str, str]]) -> List[Tuple[str, List[str]]]:
+    """(worker, node) pairs grouped by node, nodes in natural order (n2 before n10): one pass."""
+    groups: Dict[str, List[str]] = {}
+    for wid, node in workers:
+        groups.setdefault(node, []).append(wid)
+    return [(n, groups[n]) for n in sorted(groups, key=node_order)]
+
+
+def node_order(name: str) -> tuple:
+    digits = "".join(ch for ch in name if ch.isdigit())
+    return (name.rstrip("0123456789"), int(digits) if digits else -1, name)
+
+
 def order_spares(spares: Sequence[Spare], active_nodes: Set[str], bad_nodes: Set[str]) -> List[Spare]:
     """Usable spares, best first: built ones, on nodes already in use (keeps fresh nodes whole), by name."""
     usable = [s for s in spares if s.node not in bad_nodes]
@@ -46,13 +62,16 @@ def plan_recovery(
     spares: Sequence[Spare],
     active_nodes: Set[str],
     bad_nodes: Set[str],
+    max_sources: int = MAX_SOURCES,
 ) -> Tuple[Optional[Plan], str]:
     """Replace every failed rank by a spare and pick state sources. Returns (plan or None, reason).
 
     The target step is the newest step any survivor holds: a survivor can be one step ahead
     when an allreduce completed on part of the ring (its result is valid: every rank
     contributed). Survivors behind it and the promoted spares fetch the state, the sources
-    being spread over the survivors that hold the target.
+    being spread over the survivors that hold the target: at most ``max_sources`` each (the
+    first is the one to use, the others are fallbacks), so that an assign stays small at any
+    world size.
     """
     survivors = {r: w for r, w in ranks.items() if w not in failed}
     steps = {w: held.get(w) for w in survivors.values()}
@@ -69,6 +88,12 @@ def plan_recovery(
     new_ranks = dict(survivors)
     new_ranks.update(promoted)
     needing = [w for r, w in sorted(new_ranks.items()) if r in promoted or known.get(w) != target]
-    sources = {w: holders[i % len(holders) :] + holders[: i % len(holders)] for i, w in enumerate(needing)}
+    sources = {w: spread_sources(holders, i, max_sources) for i, w in enumerate(needing)}
     reason = f"target step {target}; " + ", ".join(f"rank {r} -> {w}" for r, w in promoted.items())
     return Plan(target, dict(sorted(new_ranks.items())), promoted, sources), reason
+
+
+def spread_sources(holders: Sequence[str], i: int, k: int) -> List[str]:
+    """The i-th fetcher's sources: k holders starting at holder i (mod), so load is spread."""
+    n = len(holders)
+    return [holders[(i + j) % n] for j in range(min(k, n))]

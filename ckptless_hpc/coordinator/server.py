@@ -9,6 +9,7 @@ summary.json. It never sees training data or state: workers talk to each other.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import os
@@ -20,51 +21,32 @@ from typing import Any, Callable, Dict, List, Optional, Set
 from omegaconf import OmegaConf
 
 from .. import protocol
-from ..config import fault_list
-from ..metrics import EventLog, Recovery, TensorBoardSink, goodput
+from . import host, inbox, messages
+from .channel import Channel, Endpoints
+from .ending import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, Ending
+from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, Metrics, NonFinite, Ready, Saved, StartupError, TransferFailed
+from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink, goodput
 from ..progress import LogTail, Progress, Snapshot
 from ..faults import faults_from_config, spare_fault_due
-from .detector import silent_workers, stragglers
-from .planner import Spare, initial_ranks, plan_recovery
+from .detector import StallMeter, silent_workers, stragglers
+from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec, loss_kind
+from .planner import by_node, initial_ranks, plan_recovery
+from .tally import Arrivals
 
 log = logging.getLogger("ckptless_hpc.coordinator")
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_NO_SPARE = 3
-EXIT_STARTUP = 4
-EXIT_REQUEUED = 5
-EXIT_CANCELLED = 6
-EXIT_NONFINITE = 7
-
-
-@dataclass
-class WorkerRec:
-    wid: str
-    node: str
-    local: int
-    role: str  # active | spare | dead
-    writer: Any = None
-    pid: Optional[int] = None
-    host: Optional[str] = None
-    state_port: Optional[int] = None
-    built: bool = False
-    last_seen: Optional[float] = None
-    rank: Optional[int] = None
-    compute_s: Optional[float] = None
-    outbox: List[Dict[str, Any]] = field(default_factory=list)  # said before it connected
 
 
 @dataclass
 class _GenState:
-    held: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    ready: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    held: Dict[str, Held] = field(default_factory=dict)
+    ready: Dict[str, Ready] = field(default_factory=dict)
     joining: Set[str] = field(default_factory=set)  # holds its state, forming the group
-    fetched: List[Dict[str, Any]] = field(default_factory=list)
-    done: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    fetched: List[Fetched] = field(default_factory=list)
+    done: Dict[str, Done] = field(default_factory=dict)
 
 
-class Coordinator:
+class Coordinator(Channel, Ending):
     def __init__(self, cfg: Any, run_dir: str, launcher: Any, secret: str, job_id: str, clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
@@ -76,19 +58,17 @@ class Coordinator:
         self.wpn = c.workers_per_node
         self.world = c.nodes * c.workers_per_node
         self.events = EventLog(os.path.join(run_dir, "events.jsonl"), job_id, clock)
-        self.workers: Dict[str, WorkerRec] = {}
-        self.ranks: Dict[int, str] = {}
+        self.members = Membership(self.wpn)
         self.gen = -1
         self.gens: Dict[int, _GenState] = {}
-        self.bad_nodes: Set[str] = set()
-        self.active_nodes: Set[str] = set()
         self.pending: Dict[str, tuple] = {}  # failed worker -> (reason, detect time)
         self.faults = faults_from_config(cfg)
         self.faults_done: Set[int] = set()
         self._injected: Set[int] = set()
         self.slow_ranks: Dict[int, float] = {}
         self.fault_times: List[float] = []
-        self.step_log: Dict[int, Dict[str, Any]] = {}
+        self.steps = StepLog()  # bounded: nothing here grows with the number of steps
+        self._census: tuple = (-1.0, 0, 0)  # (when, alive ranks, spares), for the progress line
         self.recoveries: List[Recovery] = []
         self.resuming: Optional[Recovery] = None
         self.refills_due = 0
@@ -105,13 +85,50 @@ class Coordinator:
         self.summary: Dict[str, Any] = {}
         self.store: Any = None
         self._waiters: List["asyncio.Future[None]"] = []
+        self._wake_due = False
         self._t_start = clock()
         self.progress = Progress(cfg.train.steps, cfg.train.log_every)
         self.console_tail = LogTail()
         self._t_train: Optional[float] = None
+        self._config: Optional[Dict[str, Any]] = None
+        self.stalls = StallMeter(c.heartbeat_interval_s, clock())
+        self.hb_delay = DelayHistogram()  # heartbeat sent (worker's clock) -> read here
+
+    # ------------------------------------------------------------------ membership (membership.py decides)
+    @property
+    def workers(self) -> Dict[str, WorkerRec]:
+        return self.members.workers
+
+    @property
+    def ranks(self) -> Dict[int, str]:
+        return self.members.ranks
+
+    @ranks.setter
+    def ranks(self, value: Dict[int, str]) -> None:
+        self.members.ranks = value
+
+    @property
+    def bad_nodes(self) -> Set[str]:
+        return self.members.bad_nodes
+
+    @property
+    def active_nodes(self) -> Set[str]:
+        return self.members.active_nodes
 
     # ------------------------------------------------------------------ helpers
     def _notify(self) -> None:
+        """Something changed: wake the waiters once per loop iteration, not once per message."""
+        if self._wake_due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a unit test driving the decisions directly)
+            return self._wake()
+        self._wake_due = True
+        loop.call_soon(self._wake)
+
+    def _wake(self) -> None:
+        self._wake_due = False
         for f in self._waiters:
             if not f.done():
                 f.set_result(None)
@@ -132,19 +149,14 @@ class Coordinator:
                 pass
         return True
 
+    def _config_dict(self) -> Dict[str, Any]:
+        """The resolved config every worker is sent: resolved once, not once per connection."""
+        if self._config is None:
+            self._config = OmegaConf.to_container(self.cfg, resolve=True)
+        return self._config
+
     def _g(self, gen: int) -> _GenState:
         return self.gens.setdefault(gen, _GenState())
-
-    def _send(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
-        if rec.writer is None:  # still starting (a spare promoted before it connected): keep in order
-            rec.outbox.append(msg)
-            return
-        if rec.writer.is_closing():
-            return
-        try:
-            rec.writer.write(protocol.encode(msg))
-        except (ConnectionError, RuntimeError) as e:
-            log.warning("send to %s failed: %s", rec.wid, e)
 
     def _emit(self, event: str, rec: Optional[WorkerRec] = None, **kw: Any) -> Dict[str, Any]:
         if rec is not None:
@@ -154,103 +166,69 @@ class Coordinator:
         kw.setdefault("gen", self.gen)
         return self.events.emit(event, **kw)
 
-    # ------------------------------------------------------------------ network
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        rec: Optional[WorkerRec] = None
-        try:
-            await protocol.aserver_handshake(reader, writer, self.secret, timeout_s=5.0)
-            hello = await asyncio.wait_for(protocol.arecv_msg(reader), 30.0)
-            wid = f"{hello.get('node')}.{hello.get('local')}"
-            if hello.get("type") != "hello" or wid not in self.workers or self.workers[wid].writer is not None:
-                raise protocol.ProtocolError(f"unexpected hello {hello!r}")
-            rec = self.workers[wid]
-            rec.writer, rec.pid, rec.host, rec.last_seen = writer, int(hello["pid"]), str(hello["host"]), self.clock()
-            self.launcher.register(wid, hello)
-            self._emit("worker_connected", rec, pid=rec.pid, slurm_step=hello.get("slurm_step"))
-            await self._store_ready.wait()
-            self._send(rec, {"type": "config", "job": self.job_id, "config": OmegaConf.to_container(self.cfg, resolve=True), "store": self.store_addr, "run_dir": self.run_dir, "spare": rec.role == "spare"})
-            for queued in rec.outbox:
-                self._send(rec, queued)
-            rec.outbox.clear()
-        except (protocol.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, KeyError, ValueError, TypeError) as e:
-            why = str(e) or type(e).__name__
-            log.warning("rejected a connection from %s: %s", peer, why)
-            self._emit("connection_rejected", peer=str(peer), error=why)
-            writer.close()
-            return
-        try:
-            while True:
-                msg = await protocol.arecv_msg(reader)
-                rec.last_seen = self.clock()
-                self._dispatch(rec, msg)
-                self._notify()
-        except (asyncio.IncompleteReadError, ConnectionError, protocol.ProtocolError) as e:
-            self._lost(rec, f"control connection closed ({type(e).__name__})")
-        finally:
-            writer.close()
-
     def _dispatch(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
-        kind = msg["type"]
-        if kind == "hb":
-            rec.compute_s = msg.get("compute_s")
+        m = inbox.parse(msg)
+        if m is None:
+            log.warning("unknown message %r from %s", msg.get("type"), rec.wid)
             return
-        if kind == "built":
-            rec.built, rec.state_port = True, int(msg["state_port"])
-            self._emit(
-                "spare_ready" if rec.role == "spare" else "worker_ready", rec, state_bytes=msg.get("state_bytes"), params=msg.get("params"), state_port=rec.state_port,
-                buckets=msg.get("buckets"), buffers=msg.get("buffers"),
-            )
-        elif kind == "metrics":
-            self._on_metrics(rec, msg)
-        elif kind == "held":
-            gen = msg.get("abort_gen")
-            if gen is not None:
-                self._g(int(gen)).held[rec.wid] = msg
-            elif not self.stopping and rec.role == "active" and msg.get("gen") == self.gen:
-                log.info("rank %s reported: %s", rec.rank, str(msg.get("reason"))[:160])
-                self._emit("collective_error", rec, step=msg.get("step"), reason=msg.get("reason"))
-                asyncio.ensure_future(self._reform_if_unexplained(self.gen))
-        elif kind == "ready":
-            self._g(int(msg["gen"])).ready[rec.wid] = msg
-        elif kind == "joining":
-            self._g(int(msg["gen"])).joining.add(rec.wid)
-        elif kind == "fetched":
-            self._g(int(msg["gen"])).fetched.append(dict(msg, worker=rec.wid))
-            self._emit("state_transferred", rec, source=msg.get("source"), bytes=msg.get("bytes"), seconds=msg.get("seconds"))
-        elif kind == "transfer_error":
-            self._emit("transfer_error", rec, source=msg.get("source"), error=msg.get("error"))
-        elif kind == "fault":
-            self.faults_done.add(int(msg["index"]))
-            ev = self._emit("fault_injected", rec, step=msg.get("step"), kind=msg.get("kind"), index=msg.get("index"), pid=msg.get("pid"))
-            if msg.get("kind") != "slow":  # a straggler fails nothing: never a recovery's t_fail
+        if isinstance(m, Built):
+            rec.built, rec.state_port = True, m.state_port
+            kind = "spare_ready" if rec.role == "spare" else "worker_ready"
+            self._emit(kind, rec, state_bytes=m.state_bytes, params=m.params, state_port=m.state_port, buckets=m.buckets, buffers=m.buffers)
+        elif isinstance(m, Metrics):
+            self._on_metrics(rec, m)
+        elif isinstance(m, Held):
+            self._on_held(rec, m)
+        elif isinstance(m, Ready):
+            self._g(m.gen).ready[rec.wid] = m
+        elif isinstance(m, Joining):
+            self._g(m.gen).joining.add(rec.wid)
+        elif isinstance(m, Fetched):
+            self._g(m.gen).fetched.append(m)
+            self._emit("state_transferred", rec, source=m.source, bytes=m.bytes, seconds=m.seconds)
+        elif isinstance(m, TransferFailed):
+            self._emit("transfer_error", rec, source=m.source, error=m.error)
+        elif isinstance(m, FaultFired):
+            self.faults_done.add(m.index)
+            ev = self._emit("fault_injected", rec, step=m.step, kind=m.kind, index=m.index, pid=m.pid)
+            if m.kind != "slow":  # a straggler fails nothing: never a recovery's t_fail
                 self.fault_times.append(ev["time"])  # the recovery's t_fail is this event's time
             self._persist()
-        elif kind == "done":
-            self._g(int(msg["gen"])).done[rec.wid] = msg
-        elif kind == "saved":
-            self.saved = msg
-            self._emit("state_saved", rec, step=msg.get("step"), path=msg.get("path"))
-        elif kind == "nonfinite":
-            if self.nonfinite is None:
-                self.nonfinite = dict(msg, worker=rec.wid, node=rec.node)
-                self._emit("nonfinite", rec, step=msg.get("step"), loss=msg.get("loss"), grad_norm=msg.get("grad_norm"))
-        elif kind == "startup_error":
-            self.fatal = f"worker {rec.wid} on node {rec.node} failed at start-up:\n{msg.get('traceback', '').rstrip()}"
+        elif isinstance(m, Done):
+            self._g(m.gen).done[rec.wid] = m
         else:
-            log.warning("unknown message %r from %s", kind, rec.wid)
+            self._on_outcome(rec, m)
 
-    def _on_metrics(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
-        step = int(msg["step"])
+    def _on_held(self, rec: WorkerRec, m: Held) -> None:
+        if m.abort_gen is not None:
+            self._g(m.abort_gen).held[rec.wid] = m
+        elif not self.stopping and rec.role == "active" and m.gen == self.gen:
+            log.info("rank %s reported: %s", rec.rank, str(m.reason)[:160])
+            self._emit("collective_error", rec, step=m.step, reason=m.reason)
+            asyncio.ensure_future(self._reform_if_unexplained(self.gen))
+
+    def _on_outcome(self, rec: WorkerRec, m: inbox.Message) -> None:
+        """Messages that end the job one way or another: saved, non-finite, start-up error."""
+        if isinstance(m, Saved):
+            self.saved = {"path": m.path, "step": m.step, "sha256": m.sha256}
+            self._emit("state_saved", rec, step=m.step, path=m.path)
+        elif isinstance(m, NonFinite):
+            if self.nonfinite is None:
+                self.nonfinite = {"step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "rank": m.rank, "held": m.held, "worker": rec.wid, "node": rec.node}
+                self._emit("nonfinite", rec, step=m.step, loss=m.loss, grad_norm=m.grad_norm)
+        elif isinstance(m, StartupError):
+            self.fatal = f"worker {rec.wid} on node {rec.node} failed at start-up:\n{m.traceback.rstrip()}"
+
+    def _on_metrics(self, rec: WorkerRec, m: Metrics) -> None:
+        step = m.step
         now = self.clock()
-        self.step_log[step] = {"loss": msg["loss"], "step_s": msg["step_s"], "t": now, "gen": msg.get("gen")}
-        self._emit("step", rec, step=step, loss=msg["loss"], lr=msg.get("lr"), grad_norm=msg.get("grad_norm"), step_s=msg["step_s"], skipped=msg.get("skipped"), at=now)
-        self.skipped = msg.get("skipped_total") or self.skipped
+        self.steps.add(step, m.loss, m.step_s)
+        self._emit("step", rec, step=step, loss=m.loss, lr=m.lr, grad_norm=m.grad_norm, step_s=m.step_s, skipped=m.skipped, at=now)
+        self.skipped = m.skipped_total or self.skipped
         if self.tensorboard is not None:
-            samples = msg.get("samples")
-            self.tensorboard.step(step, msg["loss"], msg.get("lr"), msg.get("grad_norm"), msg["step_s"], samples / msg["step_s"] if samples and msg["step_s"] > 0 else None)
-        f = spare_fault_due(self.faults, self.faults_done | self._injected, step)
-        spare = next((w for w in self.workers.values() if w.role == "spare" and w.writer is not None), None)
+            self.tensorboard.step(step, m.loss, m.lr, m.grad_norm, m.step_s, m.samples / m.step_s if m.samples and m.step_s > 0 else None)
+        f = spare_fault_due(self.faults, self.faults_done | self._injected, step) if self.faults else None
+        spare = None if f is None else self.members.connected_spare()
         if f is not None and spare is not None:
             self._injected.add(f.index)
             self._send(spare, {"type": "inject", "index": f.index})
@@ -269,30 +247,37 @@ class Coordinator:
                 "recovered: downtime %.2fs (detect %.2f, reconfigure %.2f, transfer %.2f, resume %.2f)",
                 rep["downtime_s"], rep["detect_s"], rep["reconfigure_s"], rep["transfer_s"], rep["resume_s"],
             )
-        self._progress(step, msg)
+        self._progress(step, m)
 
-    def _progress(self, step: int, msg: Dict[str, Any]) -> None:
+    def _progress(self, step: int, m: Metrics) -> None:
         now = self.clock()
         t_train = self._t_train or now
-        productive = sum(v["step_s"] for v in self.step_log.values())
-        recent = [self.step_log[s]["step_s"] for s in range(max(step - 9, 1), step + 1) if s in self.step_log]
-        steps_per_s = len(recent) / sum(recent) if recent and sum(recent) > 0 else 0.0
-        samples = msg.get("samples")
+        steps_per_s = self.steps.steps_per_s(step)
+        samples = m.samples
+        alive, spares = self._head_count(now)
         self.progress.update(
             Snapshot(
                 step=step,
                 total=self.cfg.train.steps,
-                loss=float(msg["loss"]),
+                loss=float(m.loss),
                 samples_per_s=samples * steps_per_s if samples else None,
                 steps_per_s=steps_per_s,
-                alive=sum(1 for w in self.ranks.values() if self.workers[w].role == "active"),
+                alive=alive,
                 world=self.world,
-                spares=sum(1 for w in self.workers.values() if w.role == "spare"),
+                spares=spares,
                 recoveries=len(self.recoveries),
-                goodput=goodput(productive, now - t_train),
+                goodput=goodput(self.steps.productive_s, now - t_train),
                 gen=self.gen,
             )
         )
+
+    def _head_count(self, now: float) -> tuple:
+        """(alive ranks, spares) for the progress line: counted at most every 0.5 s, not per step."""
+        when, alive, spares = self._census
+        if now - when >= 0.5 or now < when:
+            alive, spares = self.members.census()
+            self._census = (now, alive, spares)
+        return alive, spares
 
     def _lost(self, rec: WorkerRec, reason: str) -> None:
         """A worker is gone (exit, lost connection, silence). Idempotent."""
@@ -301,16 +286,16 @@ class Coordinator:
         t_detect = self.clock()
         if rec.rank is not None and rec.rank == self.cfg.train.console_rank:
             self._echo_once()  # its last lines (a traceback, say) before the rank moves on
-        was = rec.role
-        rec.role = "dead"
+        was = self.members.lose(rec.wid)
         if rec.writer is not None:
             rec.writer.close()
         self.launcher.kill_worker(rec.wid)
         self._emit("failure_detected", rec, reason=reason, role=was, at=t_detect)
         log.warning("worker %s (node %s, rank %s, %s) failed: %s", rec.wid, rec.node, rec.rank, was, reason)
-        if self._t_train is None and was == "active":
+        kind = loss_kind(was, self._t_train is not None)
+        if kind == FATAL_AT_STARTUP:
             self.fatal = self.fatal or f"worker {rec.wid} on node {rec.node} died during start-up: {reason}\n{self._log_tail(rec.wid)}"
-        elif was == "active":
+        elif kind == RECOVER:
             self.pending[rec.wid] = (reason, t_detect)
         else:
             self._exclude(rec.node, f"spare {rec.wid} failed: {reason}")
@@ -318,17 +303,14 @@ class Coordinator:
         self._notify()
 
     def _exclude(self, node: str, why: str) -> None:
-        if node in self.bad_nodes:
+        idle = self.members.exclude(node)
+        if idle is None:
             return
-        self.bad_nodes.add(node)
-        self.active_nodes.discard(node)
         self._emit("node_excluded", node=node, reason=why)
         self.launcher.exclude_node(node, why)
         self._persist()
-        for w in self.workers.values():  # idle spares of a bad node are never promoted
-            if w.node == node and w.role == "spare":
-                w.role = "dead"
-                self.launcher.kill_worker(w.wid)
+        for wid in idle:  # idle spares of a bad node are never promoted
+            self.launcher.kill_worker(wid)
 
     def on_process_exit(self, wid: str, rc: int) -> None:
         rec = self.workers.get(wid)
@@ -344,15 +326,26 @@ class Coordinator:
 
     async def _heartbeat_watch(self) -> None:
         c = self.cfg.cluster
+        self.stalls.last_tick = self.clock()
         while not self.stopping:
             await asyncio.sleep(c.heartbeat_interval_s)
-            # still building (importing torch, building the model on a loaded machine): its
-            # process exit is watched; silence is judged once it is built
-            live = [w for w in self.workers.values() if w.role != "dead" and w.last_seen is not None and w.built]
-            seen = {w.wid: w.last_seen for w in live}
-            for wid, reason in silent_workers(self.clock(), seen, seen.keys(), c.heartbeat_timeout_s):
-                self._lost(self.workers[wid], reason)
+            late = self.stalls.tick(self.clock())
+            if late > c.heartbeat_interval_s:
+                self._emit("coordinator_stalled", seconds=round(late, 3))
+                log.warning("the coordinator itself stalled for %.2fs: not counted as any worker's silence", late)
+            await asyncio.sleep(0)  # what arrived during a stall is read before anyone is judged
+            self._judge_silence(self.stalls.last_tick)
             self._watch_stragglers()
+
+    def _judge_silence(self, now: float) -> None:
+        # still building (importing torch, building the model on a loaded machine): its
+        # process exit is watched; silence is judged once it is built
+        live = self.members.watched()
+        seen = {w.wid: w.last_seen for w in live}
+        at = {w.wid: w.seen_stall for w in live}
+        silent = silent_workers(now, seen, seen.keys(), self.cfg.cluster.heartbeat_timeout_s, self.stalls.stalled_s, at, self._unread)
+        for wid, reason in silent:
+            self._lost(self.workers[wid], reason)
 
     def _watch_stragglers(self) -> None:
         times = {self.workers[w].rank: self.workers[w].compute_s for w in self.ranks.values() if self.workers[w].role == "active"}
@@ -375,9 +368,7 @@ class Coordinator:
 
     # ------------------------------------------------------------------ lifecycle
     async def _start_node(self, name: str, role: str) -> None:
-        for j in range(self.wpn):
-            wid = f"{name}.{j}"
-            self.workers[wid] = WorkerRec(wid, name, j, role)
+        self.members.add_node(name, role)
         await self.launcher.start_node(name, self.wpn, self.address, self.on_process_exit)
         self._emit("node_started", node=name, role=role, workers=self.wpn)
 
@@ -397,7 +388,8 @@ class Coordinator:
         self._loop = asyncio.get_running_loop()
         self._store_ready = asyncio.Event()
         self.host = protocol.resolve_host(c.bind_host)
-        server = await asyncio.start_server(self._handle, host=self.host, port=0)
+        host.raise_fd_limit((c.nodes + c.spare_nodes + c.max_refills) * self.wpn)
+        server = await asyncio.start_server(self._handle, host=self.host, port=0, backlog=host.listen_backlog())
         self.address = f"{self.host}:{server.sockets[0].getsockname()[1]}"
         self._emit("job_started", address=self.address, coordinator_pid=os.getpid(), host=socket.gethostname(), world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
         log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
@@ -406,7 +398,7 @@ class Coordinator:
             await self._start_node(name, "active")
         for name in spare:
             await self._start_node(name, "spare")
-        self.active_nodes = set(active)
+        self.members.active_nodes = set(active)
         self._make_store()
         self._emit("store_ready", address=self.store_addr)
         self._store_ready.set()
@@ -415,9 +407,13 @@ class Coordinator:
             self.tensorboard = TensorBoardSink(os.path.join(self.run_dir, "tensorboard"))
         watch = asyncio.ensure_future(self._heartbeat_watch())
         echo = asyncio.ensure_future(self._echo_console_rank())
+        thresholds = gc.get_threshold()
+        gc.set_threshold(*host.GC_THRESHOLDS)  # start-up builds a record and a connection per worker: fewer full collections
         try:
             code = await self._main()
         finally:
+            gc.unfreeze()
+            gc.set_threshold(*thresholds)
             self.stopping = True
             watch.cancel()
             echo.cancel()
@@ -442,16 +438,19 @@ class Coordinator:
     async def _main(self) -> int:
         c = self.cfg.cluster
         starters = [w for w in self.workers.values() if w.role == "active"]
-        ok = await self._until(lambda: self.fatal is not None or all(w.built for w in starters), c.startup_timeout_s)
+        built = Arrivals([w.wid for w in starters], lambda wid: self.workers[wid].built)
+        ok = await self._until(lambda: self.fatal is not None or built(), c.startup_timeout_s)
         if self.fatal or not ok:
-            missing = [w.wid for w in starters if not w.built]
-            self.fatal = self.fatal or f"workers {missing} did not start within cluster.startup_timeout_s={c.startup_timeout_s}s"
+            missing = built.missing()
+            named = f"{missing}" if len(missing) <= 20 else f"{missing[:20]} and {len(missing) - 20} more"
+            self.fatal = self.fatal or f"workers {named} did not start within cluster.startup_timeout_s={c.startup_timeout_s}s"
             return self._finish(EXIT_STARTUP, "startup_failed", self.fatal)
-        self.ranks = initial_ranks([(n, [w.wid for w in starters if w.node == n]) for n in sorted({w.node for w in starters}, key=_node_order)])
+        self.ranks = initial_ranks(by_node((w.wid, w.node) for w in starters))
         self.gen = 0
         self._t_train = self.clock()
         step0 = self.resume["step"] if self.resume else 0
         self._assign(self.ranks, step0, {}, load=self.resume)
+        host.settle_gc()
         self._emit("generation_started", world=self.world, step=step0, resumed_from=self.resume, ranks={str(r): w for r, w in self.ranks.items()})
         while True:
             await self._until(
@@ -481,14 +480,11 @@ class Coordinator:
         return len(done) == self.world and all(w in done for w in self.ranks.values())
 
     def _assign(self, ranks: Dict[int, str], step: int, sources: Dict[str, List[str]], load: Optional[Dict[str, Any]] = None) -> None:
+        done = sorted(self.faults_done)
+        ends = Endpoints(self.workers)
+        self.members.assign(ranks)
         for r, wid in ranks.items():
-            rec = self.workers[wid]
-            rec.rank, rec.role = r, "active"
-            src = [{"worker": s, "host": self.workers[s].host, "port": self.workers[s].state_port} for s in sources.get(wid, [])]
-            msg = {"type": "assign", "gen": self.gen, "rank": r, "world": self.world, "step": step, "sources": src, "faults_done": sorted(self.faults_done)}
-            if load:
-                msg["load"] = load
-            self._send(rec, msg)
+            self._send(self.workers[wid], messages.assign(self.gen, r, self.world, step, sources.get(wid, ()), ends, done, load))
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self) -> Optional[int]:
@@ -513,12 +509,12 @@ class Coordinator:
             rec.reasons += [r for r, _ in failures.values()]
             self.gen += 1
             gen = self.gen
-            survivors = {r: w for r, w in self.ranks.items() if self.workers[w].role == "active"}
+            survivors = self.members.survivors()
             self._emit("generation_bumped", failed_ranks=failed_ranks, survivors=len(survivors))
-            for w in survivors.values():
-                self._send(self.workers[w], {"type": "abort", "gen": gen})
+            self._broadcast(survivors.values(), {"type": "abort", "gen": gen})
             g = self._g(gen)
-            ok = await self._until(lambda: bool(self.pending) or all(w in g.held for w in survivors.values()), c.recovery_timeout_s)
+            held = Arrivals(survivors.values(), g.held.__contains__)
+            ok = await self._until(lambda: bool(self.pending) or held(), c.recovery_timeout_s)
             if self.pending:
                 continue
             if not ok:
@@ -526,23 +522,21 @@ class Coordinator:
                     if w not in g.held:
                         self._lost(self.workers[w], f"did not hold within cluster.recovery_timeout_s={c.recovery_timeout_s}s")
                 continue
-            held_steps = {w: m.get("step") for w, m in g.held.items()}
-            dead = {w for w in self.ranks.values() if self.workers[w].role == "dead"}
-            spares = [Spare(w.wid, w.node, w.built) for w in self.workers.values() if w.role == "spare"]
-            plan, reason = plan_recovery(self.ranks, dead, held_steps, spares, self.active_nodes, self.bad_nodes)
+            held_steps = {w: m.step for w, m in g.held.items()}
+            plan, reason = plan_recovery(self.ranks, self.members.failed(), held_steps, self.members.spares(), self.active_nodes, self.bad_nodes)
             if plan is None:
                 self._emit("no_spare", reason=reason)
                 return await self._save_and_requeue(reason, survivors, held_steps)
             rec.target_step = plan.target_step
+            self.members.adopt(plan)
             for r, w in plan.promoted.items():
-                self.active_nodes.add(self.workers[w].node)
                 self._emit("spare_promoted", self.workers[w], rank=r, step=plan.target_step)
-            self.ranks = plan.ranks
             self._assign(self.ranks, plan.target_step, plan.sources)
             # a promoted spare that is still starting needs its start-up time first
             unbuilt = any(not self.workers[w].built for w in self.ranks.values())
             limit = c.recovery_timeout_s + (c.startup_timeout_s if unbuilt else 0)
-            ok = await self._until(lambda: bool(self.pending) or all(w in g.ready for w in self.ranks.values()), limit)
+            ready = Arrivals(self.ranks.values(), g.ready.__contains__)
+            ok = await self._until(lambda: bool(self.pending) or ready(), limit)
             if self.pending:
                 continue
             if not ok:
@@ -556,9 +550,9 @@ class Coordinator:
         rec.gen = self.gen
         rec.t_ready = self.clock()
         rec.replacements = {str(r): self.ranks[r] for r in rec.failed_ranks if r in self.ranks}
-        rec.transfer_s = max([f.get("seconds", 0.0) for f in g.fetched], default=0.0)
-        rec.bytes_transferred = sum(int(f.get("bytes", 0)) for f in g.fetched)
-        rec.survivors_restarted = sum(1 for w, m in g.held.items() if w in g.ready and g.ready[w].get("pid") != m.get("pid"))
+        rec.transfer_s = max([f.seconds for f in g.fetched], default=0.0)
+        rec.bytes_transferred = sum(f.bytes for f in g.fetched)
+        rec.survivors_restarted = sum(1 for w, m in g.held.items() if w in g.ready and g.ready[w].pid != m.pid)
         self.recoveries.append(rec)
         self.resuming = rec
         self._emit(
@@ -573,7 +567,7 @@ class Coordinator:
     async def _refill(self) -> None:
         if self.stopping or not self.cfg.cluster.refill_spares:
             return
-        need = self.cfg.cluster.spare_nodes - len({w.node for w in self.workers.values() if w.role == "spare"})
+        need = self.cfg.cluster.spare_nodes - len(self.members.spare_nodes())
         if need <= 0:
             return
         name = self.launcher.free_node()
@@ -584,63 +578,7 @@ class Coordinator:
         self._emit("spare_launched", node=name)
 
     def _quiesce_targets(self) -> Dict[int, str]:
-        return {r: w for r, w in self.ranks.items() if self.workers[w].role == "active"}
-
-    async def _hold_all(self, survivors: Dict[int, str]) -> Dict[str, Any]:
-        """Abort the in-flight step everywhere (a new generation) and collect the committed steps."""
-        self.gen += 1
-        g = self._g(self.gen)
-        for w in survivors.values():
-            self._send(self.workers[w], {"type": "abort", "gen": self.gen})
-        await self._until(lambda: all(w in g.held for w in survivors.values()), self.cfg.cluster.recovery_timeout_s)
-        return {w: m.get("step") for w, m in g.held.items()}
-
-    async def _save_state(self, survivors: Dict[int, str], held: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-        """Have one rank holding the newest committed step write it to the run directory, once."""
-        steps = {w: s for w, s in held.items() if s is not None}
-        if not steps:
-            return None
-        target = max(steps.values())
-        holder = next(w for r, w in sorted(survivors.items()) if steps.get(w) == target)
-        path = os.path.join(self.run_dir, "state", "emergency.pt")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        self._send(self.workers[holder], {"type": "stop", "save": path})
-        await self._until(lambda: self.saved is not None or self.workers[holder].role == "dead", self.cfg.cluster.recovery_timeout_s)
-        if self.saved:
-            self.saved = {k: self.saved[k] for k in ("path", "step", "sha256")}
-            self._persist()
-        return self.saved
-
-    async def _save_and_requeue(self, reason: str, survivors: Dict[int, str], held: Optional[Dict[str, Any]] = None) -> int:
-        """The allocation cannot go on: save once; requeue where the launcher can, else stop."""
-        if held is None:
-            held = await self._hold_all(survivors)
-        saved = await self._save_state(survivors, held)
-        where = f"State of step {saved['step']} saved to {saved['path']}. " if saved else "No state could be saved. "
-        self._emit("emergency_save", reason=reason, saved=saved)
-        requeue_why = self.launcher.requeue(reason) if saved else "nothing was saved"
-        if requeue_why is None:
-            log.warning("%s. %sJob requeued: the restarted job resumes from that copy with the failed nodes excluded", reason, where)
-            return self._finish(EXIT_REQUEUED, "requeued", f"{reason}. {where}requeued")
-        msg = f"cannot continue: {reason}. {where}Not requeued: {requeue_why}. "
-        msg += "HINT: raise cluster.spare_nodes (or cluster.max_refills) so that a spare is left for every failure you expect"
-        log.error(msg)
-        return self._finish(EXIT_NO_SPARE, "no_spare", msg)
-
-    async def _stop_nonfinite(self, nf: Dict[str, Any]) -> int:
-        """train.on_nonfinite=stop: keep the last finite committed state (written once), say which
-        step and rank saw what, and end the job."""
-        survivors = self._quiesce_targets()
-        saved = await self._save_state(survivors, await self._hold_all(survivors))
-        what = f"loss {nf.get('loss')}" if str(nf.get("loss")) in ("nan", "inf", "-inf") else f"gradient norm {nf.get('grad_norm')}"
-        where = f"the last finite state, after {saved['step']} committed steps, is saved to {saved['path']}" if saved else "no state could be saved"
-        msg = (
-            f"step {nf.get('step')} (0-based): {what} is not finite (rank {nf.get('rank')} on node {nf.get('node')}, train.on_nonfinite=stop); "
-            f"{where}. HINT: lower optim.lr, set train.clip_grad_norm, or set train.on_nonfinite=skip to drop such steps"
-        )
-        log.error(msg)
-        self._emit("emergency_save", reason="non-finite step", saved=saved)
-        return self._finish(EXIT_NONFINITE, "nonfinite", msg)
+        return self.members.survivors()
 
     def request_save(self, reason: str) -> None:
         """Thread-safe (a signal handler calls it): save once at a committed step, then requeue."""
@@ -667,56 +605,8 @@ class Coordinator:
     def restore(self, state: Dict[str, Any]) -> None:
         """Start from a previous run's restart.json (after a requeue)."""
         self.resume = state.get("saved")
-        self.bad_nodes = set(state.get("excluded_nodes", []))
+        self.members.bad_nodes = set(state.get("excluded_nodes", []))
         self.faults_done = set(state.get("faults_done", []))
-
-    # ------------------------------------------------------------------ the end
-    def _complete(self) -> int:
-        done = self._g(self.gen).done
-        hashes = {m["sha256"] for m in done.values()}
-        if len(hashes) != 1:
-            detail = {self.workers[w].rank: m["sha256"][:12] for w, m in done.items()}
-            return self._finish(EXIT_FAILED, "failed", f"replicas diverged: state hashes by rank {detail}")
-        self._emit("replicas_verified", step=self.cfg.train.steps, sha256=next(iter(hashes)), ranks=len(done))
-        return self._finish(EXIT_OK, "completed", None, final_sha=next(iter(hashes)))
-
-    def _finish(self, code: int, status: str, error: Optional[str], final_sha: Optional[str] = None) -> int:
-        self.stopping = True
-        self.progress.close()
-        now = self.clock()
-        t_train = self._t_train or now
-        final = {s: v for s, v in self.step_log.items()}
-        productive = sum(v["step_s"] for v in final.values())
-        wall = now - t_train
-        summary = {
-            "job": self.job_id,
-            "status": status,
-            "exit_code": code,
-            "error": error,
-            "steps_completed": max(final, default=0),
-            "steps_requested": self.cfg.train.steps,
-            "final_state_sha256": final_sha,
-            "world_size": self.world,
-            "generations": self.gen + 1,
-            "startup_s": round(t_train - self._t_start, 3),
-            "wall_s": round(wall, 3),
-            "productive_s": round(productive, 3),
-            "goodput": round(goodput(productive, wall), 4),
-            "final_loss": final[max(final)]["loss"] if final else None,
-            "faults": fault_list(self.cfg.fault),
-            "faults_fired": sorted(self.faults_done),
-            "excluded_nodes": sorted(self.bad_nodes),
-            "recoveries": [r.report() for r in self.recoveries],
-            "skipped_steps": dict(self.skipped),
-            "saved_state": self.saved,
-            "resumed_from": self.resume,
-            "run_dir": self.run_dir,
-        }
-        with open(os.path.join(self.run_dir, "summary.json"), "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
-        self._emit("job_finished", status=status, exit_code=code, error=error)
-        self.summary = summary
-        return code
 
     async def _shutdown(self) -> None:
         for w in self.workers.values():
@@ -726,8 +616,3 @@ class Coordinator:
                 self.launcher.kill_worker(w.wid)
         await self.launcher.shutdown(self.cfg.cluster.exit_timeout_s)
         self.events.close()
-
-
-def _node_order(name: str) -> tuple:
-    digits = "".join(ch for ch in name if ch.isdigit())
-    return (name.rstrip("0123456789"), int(digits) if digits else -1, name)

@@ -27,7 +27,7 @@ class JobContext(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         c = self.coordinator
         gen = c.gen if c is not None and c.gen >= 0 else "-"
-        step = max(c.step_log) if c is not None and c.step_log else "-"
+        step = c.steps.last_step if c is not None and c.steps.last_step is not None else "-"
         record.gen, record.step = gen, step
         return True
 

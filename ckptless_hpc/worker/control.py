@@ -35,7 +35,7 @@ class ControlClient:
     @classmethod
     def connect(cls, address: str, secret: str, **kw: Any) -> "ControlClient":
         host, _, port = address.rpartition(":")
-        return cls(protocol.connect(host, int(port), secret), **kw)
+        return cls(protocol.connect_paced(host, int(port), secret), **kw)
 
     def fileno(self) -> int:
         """The control socket's descriptor (a forked child must close its copy)."""

@@ -1,0 +1,222 @@
+"""``python -m bench.b7_ranks``: one process carrying many simulated ranks for B7.
+
+Each simulated rank is one real control connection doing the worker's real protocol: the
+HMAC handshake (paced and retried as ``protocol.connect_paced`` does), hello, built, a
+heartbeat every interval, assign -> joining -> ready, abort -> held, fetched when it is behind,
+rank 0's per-step metrics, done, stop. It trains nothing: the step is a shared clock, ``--rate``
+steps per second since ``--epoch`` (so that ranks in different processes agree, as ranks in one
+collective do), never below the step its generation started at; an abort holds the step floored
+to a multiple of ``--commit-every`` (every rank holds the same committed step, as real ones do;
+a floor that falls inside the abort's delivery splits the world across two steps, which real
+jobs see too). SIGUSR1 closes the control
+connection of ``--victim`` (a failed rank). Writes what it saw to ``--out`` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hmac
+import json
+import os
+import random
+import secrets
+import signal
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from ckptless_hpc import protocol
+
+SHA = "0" * 64
+EPOCH = [0.0]
+
+
+class Rank:
+    def __init__(self, node: str, local: int) -> None:
+        self.node, self.local = node, local
+        self.wid = f"{node}.{local}"
+        self.reader: Any = None
+        self.writer: Any = None
+        self.gen, self.rank = -1, None
+        self.base, self.t0, self.training = 0, 0.0, False
+        self.held_step = 0
+        self.done_gen = -1
+        self.metrics_step = 0
+        self.attempts = 0
+        self.stopped = False
+
+    def step(self, now: float, rate: float, steps: int) -> int:
+        if not self.training:
+            return self.held_step
+        return min(steps, max(self.base, int((now - EPOCH[0]) * rate)))
+
+    def send(self, msg: Dict[str, Any]) -> None:
+        if self.writer is not None and not self.writer.is_closing():
+            msg["t"] = time.time()
+            self.writer.write(protocol.encode(msg))
+
+
+class Sim:
+    def __init__(self, a: argparse.Namespace, ranks: List[Rank]) -> None:
+        self.a, self.ranks = a, ranks
+        self.host, _, port = a.address.rpartition(":")
+        self.port = int(port)
+        self.secret = protocol.load_secret()
+        self.steps = 1 << 40
+        self.rng = random.Random(a.index)
+        self.assigns: Dict[int, List[float]] = {}  # gen -> [first, last, count] received
+        self.closed: Optional[Dict[str, Any]] = None
+        self.t_connected: List[float] = []
+
+    # ---------------------------------------------------------------- connection
+    async def _attempt(self, r: Rank, wait_s: float) -> None:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), wait_s)
+        try:
+            challenge = await asyncio.wait_for(protocol.arecv_msg(reader), wait_s)
+            mine = secrets.token_hex(16)
+            writer.write(protocol.encode({"type": "auth", "mac": protocol.mac(self.secret, challenge["nonce"]), "nonce": mine}))
+            reply = await asyncio.wait_for(protocol.arecv_msg(reader), wait_s)
+        except BaseException:
+            writer.close()
+            raise
+        if not hmac.compare_digest(str(reply.get("mac")), protocol.mac(self.secret, mine, "server")):
+            raise protocol.ProtocolError("the server did not prove it knows the job secret")
+        r.reader, r.writer = reader, writer
+
+    async def connect(self, r: Rank) -> bool:
+        deadline = time.monotonic() + self.a.connect_timeout
+        while time.monotonic() < deadline:
+            try:
+                await self._attempt(r, protocol.attempt_wait_s(r.attempts))
+                self.t_connected.append(time.time())
+                return True
+            except (asyncio.TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError):
+                pass
+            r.attempts += 1
+            await asyncio.sleep(protocol.backoff_s(r.attempts, self.rng))
+        return False
+
+    # ---------------------------------------------------------------- one rank's messages
+    async def serve(self, r: Rank) -> None:
+        if not await self.connect(r):
+            return
+        r.send({"type": "hello", "node": r.node, "local": r.local, "pid": os.getpid(), "host": "127.0.0.1", "slurm_step": None})
+        closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
+        # frames handled as they arrive (the coordinator's own reader): the simulated ranks must
+        # cost as little CPU as possible, since they share this machine's cores with it
+        protocol.FrameProtocol(lambda m: self.on_message(r, m), lambda why: closed.done() or closed.set_result(why)).take_over(r.reader, r.writer)
+        await closed
+        r.writer.close()
+        r.writer = None
+
+    def on_message(self, r: Rank, msg: Dict[str, Any]) -> None:
+        kind, now = msg["type"], time.time()
+        if kind == "config":
+            self.steps = int(msg["config"]["train"]["steps"])
+            r.send({"type": "built", "state_port": 1, "pid": os.getpid(), "state_bytes": 0, "params": 0, "buckets": 1, "buffers": 0})
+        elif kind == "abort":
+            grain = self.a.commit_every
+            r.held_step, r.training = max(r.base, r.step(now, self.a.rate, self.steps) // grain * grain), False
+            r.send({"type": "held", "gen": r.gen, "abort_gen": int(msg["gen"]), "step": r.held_step, "pid": os.getpid(), "reason": "abort"})
+        elif kind == "assign":
+            self.on_assign(r, msg, now)
+        elif kind == "stop":
+            r.stopped = True
+            r.writer.close()
+
+    def on_assign(self, r: Rank, msg: Dict[str, Any], now: float) -> None:
+        gen, target = int(msg["gen"]), int(msg["step"])
+        seen = self.assigns.setdefault(gen, [now, now, 0])
+        seen[0], seen[1], seen[2] = min(seen[0], now), max(seen[1], now), seen[2] + 1
+        r.gen, r.rank = gen, int(msg["rank"])
+        if r.held_step != target:
+            src = (msg.get("sources") or [{}])[0].get("worker")
+            r.send({"type": "fetched", "gen": gen, "source": src, "bytes": 0, "seconds": 0.0, "apply_s": 0.0})
+        r.send({"type": "joining", "gen": gen, "step": target})
+        r.send({"type": "ready", "gen": gen, "rank": r.rank, "pid": os.getpid(), "form_s": 0.0})
+        r.base, r.t0, r.training, r.held_step = target, time.time(), True, target
+        r.metrics_step = max(target, r.step(now, self.a.rate, self.steps) - 1)
+
+    # ---------------------------------------------------------------- periodic senders
+    async def heartbeats(self) -> None:
+        slots = max(1, int(round(self.a.interval / 0.02)))
+        buckets: List[List[Rank]] = [[] for _ in range(slots)]
+        for i, r in enumerate(self.ranks):
+            buckets[(i * 7919 + self.a.index) % slots].append(r)
+        tick = 0
+        start = time.monotonic()
+        while True:
+            tick += 1
+            await asyncio.sleep(max(0.0, start + tick * self.a.interval / slots - time.monotonic()))
+            now = time.time()
+            for r in buckets[tick % slots]:
+                r.send({"type": "hb", "gen": r.gen, "step": r.step(now, self.a.rate, self.steps), "training": r.training, "compute_s": 0.01})
+
+    async def steps_loop(self) -> None:
+        """Rank 0's metrics for every step, and done from every rank that reached the end."""
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.time()
+            for r in self.ranks:
+                if not r.training:
+                    continue
+                s = r.step(now, self.a.rate, self.steps)
+                if r.rank == 0:
+                    while r.metrics_step < s:
+                        r.metrics_step += 1
+                        r.send({"type": "metrics", "gen": r.gen, "step": r.metrics_step, "loss": 1.0, "lr": 0.001, "grad_norm": 1.0,
+                                "step_s": 1.0 / self.a.rate, "samples": 8, "skipped": None, "skipped_total": {}})
+                if s >= self.steps and r.done_gen != r.gen:
+                    r.done_gen = r.gen
+                    r.send({"type": "done", "gen": r.gen, "rank": r.rank, "step": s, "sha256": SHA})
+
+    def kill_victim(self) -> None:
+        for r in self.ranks:
+            if r.wid == self.a.victim and r.writer is not None:
+                self.closed = {"worker": r.wid, "rank": r.rank, "t": time.time()}
+                r.writer.transport.abort()  # the process is gone: its connection closes
+
+    async def run(self) -> Dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGUSR1, self.kill_victim)
+        t_start = time.time()
+        periodic = [asyncio.ensure_future(self.heartbeats()), asyncio.ensure_future(self.steps_loop())]
+        served = await asyncio.gather(*(self.serve(r) for r in self.ranks))
+        for p in periodic:
+            p.cancel()
+        return {
+            "index": self.a.index, "ranks": len(self.ranks), "t_start": t_start,
+            "connected": len(self.t_connected), "lost": len(self.ranks) - len(self.t_connected),
+            "retried": sum(1 for r in self.ranks if r.attempts),
+            "attempts_max": max((r.attempts for r in self.ranks), default=0),
+            "t_first_connected": min(self.t_connected, default=None), "t_last_connected": max(self.t_connected, default=None),
+            "assigns": {str(g): v for g, v in self.assigns.items()}, "closed": self.closed, "served": len(served),
+        }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.b7_ranks")
+    ap.add_argument("--address", required=True)
+    ap.add_argument("--nodes", type=int, required=True, help="all nodes, spares included (sim0 ...)")
+    ap.add_argument("--wpn", type=int, required=True)
+    ap.add_argument("--index", type=int, required=True, help="this process carries the nodes i with i %% of == index")
+    ap.add_argument("--of", type=int, required=True)
+    ap.add_argument("--interval", type=float, default=0.5)
+    ap.add_argument("--rate", type=float, default=100.0, help="steps per second")
+    ap.add_argument("--victim", default="")
+    ap.add_argument("--epoch", type=float, default=0.0, help="time (Unix s) of step 0 of the shared step clock")
+    ap.add_argument("--commit-every", type=int, default=1000, help="an abort holds the step floored to a multiple of this")
+    ap.add_argument("--connect-timeout", type=float, default=120.0)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    EPOCH[0] = a.epoch or time.time()
+    ranks = [Rank(f"sim{n}", j) for n in range(a.index, a.nodes, a.of) for j in range(a.wpn)]
+    res = asyncio.run(Sim(a, ranks).run())
+    with open(a.out, "w", encoding="utf-8") as f:
+        json.dump(res, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

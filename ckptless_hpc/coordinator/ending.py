@@ -1,0 +1,130 @@
+"""How a job ends: completed (replicas verified), failed, or stopped with its state saved once
+(no spare left, preemption, a non-finite step), and the summary.json it leaves. Mixed into
+``Coordinator``; the decisions it carries out are made there and in membership.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Dict, Optional
+
+from ..config import fault_list
+from ..metrics import goodput
+from .tally import Arrivals
+
+log = logging.getLogger("ckptless_hpc.coordinator")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_NO_SPARE = 3
+EXIT_STARTUP = 4
+EXIT_REQUEUED = 5
+EXIT_CANCELLED = 6
+EXIT_NONFINITE = 7
+
+
+class Ending:
+    """The end of a job."""
+
+    async def _hold_all(self, survivors: Dict[int, str]) -> Dict[str, Any]:
+        """Abort the in-flight step everywhere (a new generation) and collect the committed steps."""
+        self.gen += 1
+        g = self._g(self.gen)
+        self._broadcast(survivors.values(), {"type": "abort", "gen": self.gen})
+        await self._until(Arrivals(survivors.values(), g.held.__contains__), self.cfg.cluster.recovery_timeout_s)
+        return {w: m.step for w, m in g.held.items()}
+
+    async def _save_state(self, survivors: Dict[int, str], held: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """Have one rank holding the newest committed step write it to the run directory, once."""
+        steps = {w: s for w, s in held.items() if s is not None}
+        if not steps:
+            return None
+        target = max(steps.values())
+        holder = next(w for r, w in sorted(survivors.items()) if steps.get(w) == target)
+        path = os.path.join(self.run_dir, "state", "emergency.pt")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self._send(self.workers[holder], {"type": "stop", "save": path})
+        await self._until(lambda: self.saved is not None or self.workers[holder].role == "dead", self.cfg.cluster.recovery_timeout_s)
+        if self.saved:
+            self._persist()
+        return self.saved
+
+    async def _save_and_requeue(self, reason: str, survivors: Dict[int, str], held: Optional[Dict[str, Any]] = None) -> int:
+        """The allocation cannot go on: save once; requeue where the launcher can, else stop."""
+        if held is None:
+            held = await self._hold_all(survivors)
+        saved = await self._save_state(survivors, held)
+        where = f"State of step {saved['step']} saved to {saved['path']}. " if saved else "No state could be saved. "
+        self._emit("emergency_save", reason=reason, saved=saved)
+        requeue_why = self.launcher.requeue(reason) if saved else "nothing was saved"
+        if requeue_why is None:
+            log.warning("%s. %sJob requeued: the restarted job resumes from that copy with the failed nodes excluded", reason, where)
+            return self._finish(EXIT_REQUEUED, "requeued", f"{reason}. {where}requeued")
+        msg = f"cannot continue: {reason}. {where}Not requeued: {requeue_why}. "
+        msg += "HINT: raise cluster.spare_nodes (or cluster.max_refills) so that a spare is left for every failure you expect"
+        log.error(msg)
+        return self._finish(EXIT_NO_SPARE, "no_spare", msg)
+
+    async def _stop_nonfinite(self, nf: Dict[str, Any]) -> int:
+        """train.on_nonfinite=stop: keep the last finite committed state (written once), say which
+        step and rank saw what, and end the job."""
+        survivors = self._quiesce_targets()
+        saved = await self._save_state(survivors, await self._hold_all(survivors))
+        what = f"loss {nf.get('loss')}" if str(nf.get("loss")) in ("nan", "inf", "-inf") else f"gradient norm {nf.get('grad_norm')}"
+        where = f"the last finite state, after {saved['step']} committed steps, is saved to {saved['path']}" if saved else "no state could be saved"
+        msg = (
+            f"step {nf.get('step')} (0-based): {what} is not finite (rank {nf.get('rank')} on node {nf.get('node')}, train.on_nonfinite=stop); "
+            f"{where}. HINT: lower optim.lr, set train.clip_grad_norm, or set train.on_nonfinite=skip to drop such steps"
+        )
+        log.error(msg)
+        self._emit("emergency_save", reason="non-finite step", saved=saved)
+        return self._finish(EXIT_NONFINITE, "nonfinite", msg)
+
+    def _complete(self) -> int:
+        done = self._g(self.gen).done
+        hashes = {m.sha256 for m in done.values()}
+        if len(hashes) != 1:
+            detail = {self.workers[w].rank: m.sha256[:12] for w, m in done.items()}
+            return self._finish(EXIT_FAILED, "failed", f"replicas diverged: state hashes by rank {detail}")
+        self._emit("replicas_verified", step=self.cfg.train.steps, sha256=next(iter(hashes)), ranks=len(done))
+        return self._finish(EXIT_OK, "completed", None, final_sha=next(iter(hashes)))
+
+    def _finish(self, code: int, status: str, error: Optional[str], final_sha: Optional[str] = None) -> int:
+        self.stopping = True
+        self.progress.close()
+        now = self.clock()
+        t_train = self._t_train or now
+        productive = self.steps.productive_s
+        wall = now - t_train
+        summary = {
+            "job": self.job_id,
+            "status": status,
+            "exit_code": code,
+            "error": error,
+            "steps_completed": self.steps.last_step or 0,
+            "steps_requested": self.cfg.train.steps,
+            "final_state_sha256": final_sha,
+            "world_size": self.world,
+            "generations": self.gen + 1,
+            "startup_s": round(t_train - self._t_start, 3),
+            "wall_s": round(wall, 3),
+            "productive_s": round(productive, 3),
+            "goodput": round(goodput(productive, wall), 4),
+            "final_loss": self.steps.last_loss,
+            "faults": fault_list(self.cfg.fault),
+            "faults_fired": sorted(self.faults_done),
+            "excluded_nodes": sorted(self.bad_nodes),
+            "recoveries": [r.report() for r in self.recoveries],
+            "heartbeat_delay": self.hb_delay.report(),  # the workers' clocks against ours: exact on one machine only
+            "coordinator_stalls": {"total_s": round(self.stalls.stalled_s, 3), "worst_s": round(self.stalls.worst_s, 3)},
+            "skipped_steps": dict(self.skipped),
+            "saved_state": self.saved,
+            "resumed_from": self.resume,
+            "run_dir": self.run_dir,
+        }
+        with open(os.path.join(self.run_dir, "summary.json"), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=2)
+        self._emit("job_finished", status=status, exit_code=code, error=error)
+        self.summary = summary
+        return code

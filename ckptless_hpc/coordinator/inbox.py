@@ -1,0 +1,152 @@
+"""What workers tell the coordinator, as typed messages parsed from the wire (pure, no I/O).
+
+``parse`` checks every field a decision reads and raises ``MessageError`` naming the message,
+the field and the value seen. Heartbeats are not parsed here: they are the one message sent
+per rank every interval, and the coordinator reads its two fields in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Dict, Optional, Type, Union
+
+
+class MessageError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Built:
+    state_port: int
+    state_bytes: Optional[int] = None
+    params: Optional[int] = None
+    buckets: Optional[int] = None
+    buffers: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Metrics:
+    step: int
+    loss: float
+    step_s: float
+    gen: Optional[int] = None
+    lr: Optional[float] = None
+    grad_norm: Optional[float] = None
+    samples: Optional[float] = None
+    skipped: Optional[str] = None
+    skipped_total: Optional[Dict[str, int]] = None
+
+
+@dataclass(frozen=True)
+class Held:
+    gen: Optional[int] = None  # the generation it was in
+    abort_gen: Optional[int] = None  # the abort it answers; None: it reports a collective error
+    step: Optional[int] = None  # its committed step
+    pid: Optional[int] = None
+    reason: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Joining:
+    gen: int
+    step: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Ready:
+    gen: int
+    rank: Optional[int] = None
+    pid: Optional[int] = None
+    form_s: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Fetched:
+    gen: int
+    source: Optional[str] = None
+    bytes: int = 0
+    seconds: float = 0.0
+    apply_s: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class TransferFailed:
+    gen: Optional[int] = None
+    source: Optional[str] = None
+    error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class FaultFired:
+    index: int
+    kind: Optional[str] = None
+    at: Optional[str] = None
+    gen: Optional[int] = None
+    rank: Optional[int] = None
+    step: Optional[int] = None
+    pid: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Done:
+    gen: int
+    sha256: str
+    rank: Optional[int] = None
+    step: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Saved:
+    path: str
+    step: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    step: Optional[int] = None
+    loss: Any = None  # "nan" / "inf" strings or numbers
+    grad_norm: Any = None
+    rank: Optional[int] = None
+    gen: Optional[int] = None
+    held: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class StartupError:
+    traceback: str = ""
+
+
+Message = Union[Built, Metrics, Held, Joining, Ready, Fetched, TransferFailed, FaultFired, Done, Saved, NonFinite, StartupError]
+KINDS: Dict[str, Type[Any]] = {
+    "built": Built, "metrics": Metrics, "held": Held, "joining": Joining, "ready": Ready, "fetched": Fetched,
+    "transfer_error": TransferFailed, "fault": FaultFired, "done": Done, "saved": Saved, "nonfinite": NonFinite,
+    "startup_error": StartupError,
+}
+_NUMBER = (int, float)
+_CHECKS = {int: _NUMBER, float: _NUMBER, str: (str,)}
+
+
+def _check(kind: str, name: str, want: Any, value: Any, required: bool) -> Any:
+    base = {"int": int, "float": float, "str": str}.get(str(want).replace("Optional[", "").rstrip("]"))
+    if value is None:
+        if required:
+            raise MessageError(f"{kind!r} message: field {name!r} is missing. HINT: worker and coordinator must be the same ckptless_hpc version")
+        return None
+    integral = base is not int or not isinstance(value, float) or value.is_integer()
+    if base is not None and (not isinstance(value, _CHECKS[base]) or isinstance(value, bool) or not integral):
+        raise MessageError(f"{kind!r} message: field {name!r} = {value!r} is not of type {base.__name__}. HINT: worker and coordinator must be the same ckptless_hpc version")
+    return int(value) if base is int and isinstance(value, float) and value.is_integer() else value
+
+
+def parse(msg: Dict[str, Any]) -> Optional[Message]:
+    """The typed message, or None for a kind this coordinator does not know."""
+    kind = msg.get("type")
+    cls = KINDS.get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        return None
+    args = {}
+    for f in fields(cls):
+        required = f.default is MISSING and f.default_factory is MISSING
+        args[f.name] = _check(kind, f.name, f.type, msg.get(f.name), required) if f.name in msg or required else f.default
+    return cls(**args)

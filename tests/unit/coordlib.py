@@ -1,0 +1,53 @@
+"""Helpers for coordinator unit tests: a composed config and a coordinator with no launcher work."""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+from hydra import compose, initialize_config_module
+
+from ckptless_hpc.config import register_configs
+
+register_configs()
+
+
+def cfg(*overrides: str) -> Any:
+    with initialize_config_module(config_module="ckptless_hpc.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+class NoLauncher:
+    """Starts nothing; records what the coordinator asked for (pure-logic tests only)."""
+
+    batch_node = None
+
+    def __init__(self) -> None:
+        self.killed: List[str] = []
+
+    def kill_worker(self, wid: str) -> None:
+        self.killed.append(wid)
+
+    def exclude_node(self, node: str, why: str) -> None:
+        pass
+
+    def log_path(self, wid: str) -> str:
+        return "/nonexistent"
+
+
+class FakeWriter:
+    """Collects frames as bytes (pure-logic tests only)."""
+
+    def __init__(self) -> None:
+        self.frames: List[bytes] = []
+
+    def is_closing(self) -> bool:
+        return False
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+
+    def close(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> None:
+        return None
