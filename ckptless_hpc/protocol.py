@@ -272,3 +272,22 @@ class FrameProtocol(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
         self._on_closed(why)
+
+
+def serve_threads(sock: socket.socket, slots: Any, handle: Callable[[socket.socket, Any], None], on_full: Optional[Callable[[Any], None]] = None) -> None:
+    """Accept on ``sock`` until it closes; each connection is handled in a thread of its own
+    while one of ``slots`` (a BoundedSemaphore the handler releases) is free, else closed at
+    once (``on_full`` is told its address)."""
+    import threading
+
+    while True:
+        try:
+            conn, addr = sock.accept()
+        except OSError:
+            return
+        if not slots.acquire(blocking=False):
+            if on_full is not None:
+                on_full(addr)
+            conn.close()
+            continue
+        threading.Thread(target=handle, args=(conn, addr), daemon=True).start()

@@ -40,18 +40,7 @@ class StoreServer:
         self.rejected = 0
         self._on_reject = on_reject
         self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
-        threading.Thread(target=self._accept, name="store-server", daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, addr = self._sock.accept()
-            except OSError:
-                return
-            if not self._slots.acquire(blocking=False):
-                conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(conn, addr), daemon=True).start()
+        threading.Thread(target=protocol.serve_threads, args=(self._sock, self._slots, self._serve), name="store-server", daemon=True).start()
 
     def _serve(self, conn: socket.socket, addr: Any) -> None:
         authenticated = False

@@ -106,20 +106,11 @@ class StateServer:
         self.port = self._sock.getsockname()[1]
         self.refused = 0
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        threading.Thread(target=self._accept_loop, name="state-server", daemon=True).start()
+        threading.Thread(target=protocol.serve_threads, args=(self._sock, self._slots, self._serve, self._full), name="state-server", daemon=True).start()
 
-    def _accept_loop(self) -> None:
-        while True:
-            try:
-                conn, addr = self._sock.accept()
-            except OSError:
-                return
-            if not self._slots.acquire(blocking=False):
-                self.refused += 1
-                log.warning("%sstate request from %s rejected: %d connections already open", self._describe, addr, MAX_CONNECTIONS)
-                conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(conn, addr), daemon=True).start()
+    def _full(self, addr: Any) -> None:
+        self.refused += 1
+        log.warning("%sstate request from %s rejected: %d connections already open", self._describe, addr, MAX_CONNECTIONS)
 
     def _serve(self, conn: socket.socket, addr: Any) -> None:
         try:
