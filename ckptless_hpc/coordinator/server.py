@@ -65,6 +65,7 @@ class Coordinator(Channel, Ending):
         self.faults = faults_from_config(cfg)
         self.faults_done: Set[int] = set()
         self._injected: Set[int] = set()
+        self._doomed: Set[str] = set()  # spares told to fire a fault: never promoted (their death may land late)
         self.slow_ranks: Dict[int, float] = {}
         self.fault_times: List[float] = []
         self.steps = StepLog()  # bounded: nothing here grows with the number of steps
@@ -231,6 +232,7 @@ class Coordinator(Channel, Ending):
         spare = None if f is None else self.members.connected_spare()
         if f is not None and spare is not None:
             self._injected.add(f.index)
+            self._doomed.add(spare.wid)
             self._send(spare, {"type": "inject", "index": f.index})
         r = self.resuming
         if r is not None and r.target_step is not None and step > r.target_step:
@@ -523,7 +525,8 @@ class Coordinator(Channel, Ending):
                         self._lost(self.workers[w], f"did not hold within cluster.recovery_timeout_s={c.recovery_timeout_s}s")
                 continue
             held_steps = {w: m.step for w, m in g.held.items()}
-            plan, reason = plan_recovery(self.ranks, self.members.failed(), held_steps, self.members.spares(), self.active_nodes, self.bad_nodes)
+            spares = [sp for sp in self.members.spares() if sp.worker not in self._doomed]
+            plan, reason = plan_recovery(self.ranks, self.members.failed(), held_steps, spares, self.active_nodes, self.bad_nodes)
             if plan is None:
                 self._emit("no_spare", reason=reason)
                 return await self._save_and_requeue(reason, survivors, held_steps)
