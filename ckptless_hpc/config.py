@@ -8,7 +8,7 @@ starts and raises ``ConfigError`` naming the field, the value seen and a hint.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -219,7 +219,7 @@ def validation_errors(cfg: Any) -> List[str]:
         "set train.console_rank=0, or train.console_rank=null to show only the coordinator",
     )
     need(t.seed >= 0, "train.seed", t.seed, "must be >= 0", "use a non-negative integer seed")
-    errors.extend(_train_step_errors(t))
+    _train_step_errors(t, need)
     o = cfg.optim
     need(o.lr > 0, "optim.lr", o.lr, "must be > 0", "e.g. optim.lr=3e-4")
     need(o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, "must be >= 0", "e.g. optim.warmup_steps=10")
@@ -235,13 +235,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("stop", "skip")
 
 
-def _train_step_errors(t: Any) -> List[str]:
-    errors: List[str] = []
-
-    def need(cond: bool, name: str, value: Any, problem: str, hint: str) -> None:
-        if not cond:
-            errors.append(_err(name, value, problem, hint))
-
+def _train_step_errors(t: Any, need: Callable[..., None]) -> None:
+    """The step's options (``need`` records a problem, as in validation_errors)."""
     need(_is_int(t.grad_accum) and t.grad_accum >= 1, "train.grad_accum", t.grad_accum, "must be an integer >= 1", "1 = no accumulation; 4 = four micro-batches per step")
     clip = t.clip_grad_norm
     need(clip is None or (isinstance(clip, (int, float)) and clip > 0), "train.clip_grad_norm", clip, "must be > 0 or null", "e.g. train.clip_grad_norm=1.0; null turns clipping off")
@@ -255,7 +250,6 @@ def _train_step_errors(t: Any) -> List[str]:
 
         why = tensorboard_missing()
         need(why is None, "train.tensorboard", t.tensorboard, str(why), "pip install -e '.[tensorboard]', or set train.tensorboard=false")
-    return errors
 
 
 def _is_int(v: Any) -> bool:

@@ -14,10 +14,10 @@ def baseline(tmp_path_factory):
     """final_state_sha256 of the fault-free run of a config, computed once per config."""
     cache: Dict[Tuple[str, ...], str] = {}
 
-    def get(*overrides: str) -> str:
-        key = tuple(sorted(overrides))
+    def get(*overrides: str, env: Dict[str, str] | None = None) -> str:
+        key = tuple(sorted(overrides)) + tuple(sorted((env or {}).items()))
         if key not in cache:
-            res = run_job(tmp_path_factory.mktemp("baseline"), *overrides, "fault=none")
+            res = run_job(tmp_path_factory.mktemp("baseline"), *overrides, "fault=none", env=env)
             assert res.rc == 0, res.out
             cache[key] = res.summary["final_state_sha256"]
         return cache[key]

@@ -10,7 +10,7 @@ which the ring's depth guarantees: at most ``depth - 2`` copies run ahead of the
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Deque, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Deque, Iterator, Sequence, Tuple
 
 import torch
 
@@ -78,7 +78,3 @@ def host_slices(
 def _finish(copies: Any, item: Tuple[int, int, int, int, Any]) -> Slice:
     i, off, slot, n, token = item
     return i, off, copies.finish(slot, n, token)
-
-
-def entry_sizes(tensors: Sequence[torch.Tensor]) -> List[int]:
-    return [t.numel() * t.element_size() for t in tensors]

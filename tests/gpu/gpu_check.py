@@ -148,7 +148,8 @@ def nccl_regroup(rounds: int = 50) -> Dict[str, Any]:
     after = snapshot()
     return {"rounds": rounds, "env_set": to_set, "env_conflicts": conflicts, "after_first": before, "after_last": after,
             "os_threads_growth": after["os_threads"] - before["os_threads"], "gpu_used_growth_mb": after["gpu_used_mb"] - before["gpu_used_mb"],
-            "ok": True}
+            # alive (no dump-key abort) and nothing kept per generation: aborted, not leaked
+            "ok": after["os_threads"] - before["os_threads"] <= 2 and after["gpu_used_mb"] - before["gpu_used_mb"] <= 64}
 
 
 def b1_b3(tmp: Path, dev: List[str], size: str, steps: int, device: str) -> Dict[str, Any]:
