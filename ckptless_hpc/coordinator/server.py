@@ -27,7 +27,7 @@ from .ending import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, Ending
 from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, Metrics, NonFinite, Ready, Saved, StartupError, TransferFailed
 from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink, goodput
 from ..progress import LogTail, Progress, Snapshot
-from ..faults import faults_from_config, spare_fault_due
+from ..faults import KILLS, faults_from_config, spare_fault_due
 from .detector import StallMeter, silent_workers, stragglers
 from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec, loss_kind
 from .planner import by_node, initial_ranks, plan_recovery
@@ -192,7 +192,7 @@ class Coordinator(Channel, Ending):
         elif isinstance(m, FaultFired):
             self.faults_done.add(m.index)
             ev = self._emit("fault_injected", rec, step=m.step, kind=m.kind, index=m.index, pid=m.pid)
-            if m.kind != "slow":  # a straggler fails nothing: never a recovery's t_fail
+            if m.kind in KILLS:  # only a fault that fails a rank can be a recovery's t_fail (not a straggler, a spare, the wire)
                 self.fault_times.append(ev["time"])  # the recovery's t_fail is this event's time
             self._persist()
         elif isinstance(m, Done):
