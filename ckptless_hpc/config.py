@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 FAULT_KINDS = ("none", "kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
-FAULT_MOMENTS = ("step", "recovery", "send", "receive")
+FAULT_MOMENTS = ("step", "update", "recovery", "send", "receive")
 
 
 class ConfigError(ValueError):
@@ -97,6 +97,28 @@ class SlurmClusterConfig(ClusterConfig):
     max_requeues: int = 3
 
 
+PARALLEL_MODES = ("ddp", "zero", "fsdp", "hsdp")
+
+
+@dataclass
+class ParallelConfig:
+    """How the model's state is laid out over the ranks (docs/sharding.md)."""
+
+    # ddp: every rank holds all of it | zero: optimizer state sharded over the ranks |
+    # fsdp: parameters, gradients and optimizer state sharded (FSDP2) | hsdp: FSDP2 within a
+    # shard group of shard_size ranks, replicated across groups placed on different nodes
+    mode: str = "ddp"
+    shard_size: Optional[int] = None  # hsdp: ranks per shard group (world must be a multiple)
+
+
+@dataclass
+class ReplicationConfig:
+    """Copies of each rank's unique state (parallel.mode=zero|fsdp) on peers of other nodes."""
+
+    factor: int = 1  # copies of each shard, each on a node other than its owner's (0: none; a lost owner ends the job)
+    every: int = 1  # send a copy after every N committed steps (a lost shard rolls the job back to the last copy)
+
+
 @dataclass
 class FaultSpec:
     # kill_worker (SIGKILL) | kill_node (its process group / step) | hang (SIGSTOP) |
@@ -107,7 +129,8 @@ class FaultSpec:
     node: Optional[int] = None  # kill_node: the node slot (0..nodes-1) whose node dies
     step: int = 10  # the step at (or after) which it fires
     # when a kill/hang fires: "step" (computing `step`, after backward, before the allreduce),
-    # "recovery" (when a recovery starts), "send" (while serving state to a replacement),
+    # "update" (right after `step`'s optimizer update, before anything else: sharded state's
+    # consistency window), "recovery" (when a recovery starts), "send" (while serving state to a replacement),
     # "receive" (while the worker that took `rank` receives its state)
     at: str = "step"
     factor: float = 5.0  # slow: step time multiplier
@@ -127,6 +150,8 @@ class Config:
     fault: FaultConfig = field(default_factory=FaultConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     job_name: str = "ckptless"
     dry_run: bool = False
 
@@ -137,6 +162,7 @@ def register_configs() -> None:
     cs.store(group="cluster", name="local_schema", node=LocalClusterConfig)
     cs.store(group="cluster", name="slurm_schema", node=SlurmClusterConfig)
     cs.store(group="fault", name="fault_schema", node=FaultConfig)
+    cs.store(group="parallel", name="parallel_schema", node=ParallelConfig)
 
 
 # ----------------------------------------------------------------------------------------
@@ -228,6 +254,7 @@ def validation_errors(cfg: Any) -> List[str]:
         need(c.time_min >= 1, "cluster.time_min", c.time_min, "must be >= 1", "the job's time limit in minutes")
         need(c.signal_delay_s >= 0, "cluster.signal_delay_s", c.signal_delay_s, "must be >= 0", "seconds of warning before the end")
     errors.extend(_fault_errors(cfg))
+    _parallel_errors(cfg, need)
     return errors
 
 
@@ -250,6 +277,60 @@ def _train_step_errors(t: Any, need: Callable[..., None]) -> None:
 
         why = tensorboard_missing()
         need(why is None, "train.tensorboard", t.tensorboard, str(why), "pip install -e '.[tensorboard]', or set train.tensorboard=false")
+
+
+def _parallel_errors(cfg: Any, need: Callable[..., None]) -> None:
+    """parallel.* and replication.*: the layout must be possible, and the promise it makes
+    (how many node losses the job survives) must be one it can keep."""
+    p = getattr(cfg, "parallel", None)
+    if p is None:
+        return
+    c, t = cfg.cluster, cfg.train
+    world = c.nodes * c.workers_per_node
+    if p.mode not in PARALLEL_MODES:
+        need(False, "parallel.mode", p.mode, "unknown parallel mode", f"use parallel={'|'.join(PARALLEL_MODES)}")
+        return
+    r = cfg.replication
+    need(_is_int(r.factor) and r.factor >= 0, "replication.factor", r.factor, "must be an integer >= 0", "1 = one copy of each shard on another node")
+    need(_is_int(r.every) and r.every >= 1, "replication.every", r.every, "must be an integer >= 1", "1 = a copy after every committed step")
+    if p.mode == "ddp":
+        return
+    need(
+        t.precision != "fp16",
+        "train.precision",
+        t.precision,
+        f"fp16 with a grad scaler is not supported with parallel.mode={p.mode} (each rank would judge overflow on its own shard only)",
+        "use train.precision=bf16 (no scaler needed) or fp32, or parallel=ddp for fp16",
+    )
+    if p.mode == "hsdp":
+        s = p.shard_size
+        ok = _is_int(s) and s >= 1 and world >= 1 and world % s == 0 and world // s >= 2
+        need(
+            ok,
+            "parallel.shard_size",
+            s,
+            f"hsdp needs a shard group size that divides the world size {world} into at least 2 replicas",
+            f"e.g. parallel.shard_size={max(1, world // 2)} (world {world} = cluster.nodes x cluster.workers_per_node)",
+        )
+        if ok:
+            from .state.placement import hsdp_tolerance
+
+            need(
+                hsdp_tolerance(world, c.workers_per_node, s) >= 1,
+                "parallel.shard_size",
+                s,
+                f"with cluster.workers_per_node={c.workers_per_node} every replica of some shard lives on one node, so one node loss loses it",
+                f"use parallel.shard_size >= {c.workers_per_node} (a multiple of cluster.workers_per_node), so that the replicas of a shard sit on different nodes",
+            )
+        return
+    if _is_int(r.factor) and r.factor >= 1:
+        need(
+            r.factor <= c.nodes - 1,
+            "replication.factor",
+            r.factor,
+            f"each copy must live on a node other than its owner's and the job has {c.nodes} node(s): at most {c.nodes - 1} copies",
+            f"set replication.factor={max(0, c.nodes - 1)}, or raise cluster.nodes",
+        )
 
 
 def _is_int(v: Any) -> bool:

@@ -59,7 +59,7 @@ def faults_from_config(cfg: Any) -> List[Fault]:
 def due(faults: Iterable[Fault], done: Iterable[int], rank: int, workers_per_node: int, step: int, at: str = "step") -> Optional[Fault]:
     """The fault this rank must fire now (pure). ``at``: the moment the caller is at.
 
-    "step" faults fire at exactly their step; the others (recovery, send, receive) at the
+    "step" and "update" faults fire at exactly their step; the others (recovery, send, receive) at the
     first such moment at or after their step. A fired fault (in ``done``) never fires again,
     so a replacement that reaches the same step does not repeat it.
     """
@@ -67,7 +67,7 @@ def due(faults: Iterable[Fault], done: Iterable[int], rank: int, workers_per_nod
     for f in faults:
         if f.index in fired or not f.owner(rank, workers_per_node):
             continue
-        if f.kind in KILLS and f.at == at and (step == f.step if at == "step" else step >= f.step):
+        if f.kind in KILLS and f.at == at and (step == f.step if at in ("step", "update") else step >= f.step):
             return f
         if f.kind in WIRE and at == "send" and step >= f.step:
             return f

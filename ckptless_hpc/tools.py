@@ -167,7 +167,7 @@ def live_workers(run: Run, procs: LocalProcs) -> Dict[str, int]:
 
 
 def classify(run: Run, prog: Progress, coord: Optional[Coordinator], slurm_state: Optional[str]) -> Tuple[str, str]:
-    """(state, why) of a run: completed | failed | no_spare | startup_failed | running |
+    """(state, why) of a run: completed | failed | no_spare | state_lost | startup_failed | running |
     starting | recovering | pending | ended (no summary) | unknown."""
     s = run.summary
     if s is not None and s.get("status") != "requeued":

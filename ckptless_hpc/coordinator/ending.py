@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -11,6 +12,8 @@ from typing import Any, Dict, Optional
 
 from ..config import fault_list
 from ..metrics import goodput
+from ..state.placement import plan_shards
+from .sharding import inventories
 from .tally import Arrivals
 
 log = logging.getLogger("ckptless_hpc.coordinator")
@@ -37,6 +40,8 @@ class Ending:
 
     async def _save_state(self, survivors: Dict[int, str], held: Dict[str, Any]) -> Optional[Dict[str, Any]]:
         """Have one rank holding the newest committed step write it to the run directory, once."""
+        if self.layout.sharded:
+            return await self._save_shards()
         steps = {w: s for w, s in held.items() if s is not None}
         if not steps:
             return None
@@ -50,21 +55,61 @@ class Ending:
             self._persist()
         return self.saved
 
-    async def _save_and_requeue(self, reason: str, survivors: Dict[int, str], held: Optional[Dict[str, Any]] = None) -> int:
-        """The allocation cannot go on: save once; requeue where the launcher can, else stop."""
+    async def _save_shards(self) -> Optional[Dict[str, Any]]:
+        """A sharded emergency copy: every shard, at the newest step at which every shard is held,
+        written once by one worker holding it (its owner, a holder of a copy, a replica). None
+        when some shard is held by nobody: a partial copy is never written nor reported."""
+        plan, why = plan_shards({}, self.layout.shard_of, inventories(self._g(self.gen).held))
+        if plan is None:
+            log.error("no emergency copy can be written: %s", why)
+            return None
+        folder = os.path.join(self.run_dir, "state", f"emergency-step{plan.target_step}")
+        os.makedirs(folder, exist_ok=True)
+        self.shard_saves = {}
+        writers = {}
+        for shard, workers in sorted(plan.holders_at_target.items()):
+            writers[shard] = workers[shard % len(workers)]
+            path = os.path.join(folder, f"shard{shard}.pt")
+            self._send(self.workers[writers[shard]], {"type": "save", "path": path, "shard": shard, "step": plan.target_step})
+        dead = lambda: any(self.workers[w].role == "dead" for w in writers.values())  # noqa: E731
+        await self._until(lambda: len(self.shard_saves) == len(writers) or dead(), self.cfg.cluster.recovery_timeout_s)
+        if len(self.shard_saves) != len(writers):
+            log.error("the sharded emergency copy is incomplete (%d of %d shards written): not used", len(self.shard_saves), len(writers))
+            return None
+        h = hashlib.sha256()
+        for shard in sorted(self.shard_saves):
+            h.update(f"{shard}:{self.shard_saves[shard]['sha256']};".encode())
+        shards = {str(k): {"path": v["path"], "sha256": v["sha256"]} for k, v in sorted(self.shard_saves.items())}
+        self.saved = {"path": folder, "step": plan.target_step, "sha256": h.hexdigest(), "shards": shards}
+        self._persist()
+        return self.saved
+
+    async def _save_and_requeue(self, reason: str, survivors: Dict[int, str], held: Optional[Dict[str, Any]] = None, state_lost: bool = False) -> int:
+        """The allocation cannot go on: save once; requeue where the launcher can, else stop.
+        ``state_lost``: some shard is held by nobody (its owner and every holder failed): nothing
+        newer than the last copy written can be saved, and the job never goes on without it."""
         if held is None:
             held = await self._hold_all(survivors)
-        saved = await self._save_state(survivors, held)
-        where = f"State of step {saved['step']} saved to {saved['path']}. " if saved else "No state could be saved. "
+        saved = None if state_lost else await self._save_state(survivors, held)
+        last = saved or (self.resume if state_lost else None)
+        if saved:
+            where = f"State of step {saved['step']} saved to {saved['path']}. "
+        elif state_lost and last:
+            where = f"No newer state survives; the last copy written is the one of step {last['step']} ({last['path']}). "
+        else:
+            where = "No state could be saved. "
         self._emit("emergency_save", reason=reason, saved=saved)
-        requeue_why = self.launcher.requeue(reason) if saved else "nothing was saved"
+        requeue_why = self.launcher.requeue(reason) if last else "nothing was saved"
         if requeue_why is None:
             log.warning("%s. %sJob requeued: the restarted job resumes from that copy with the failed nodes excluded", reason, where)
             return self._finish(EXIT_REQUEUED, "requeued", f"{reason}. {where}requeued")
         msg = f"cannot continue: {reason}. {where}Not requeued: {requeue_why}. "
-        msg += "HINT: raise cluster.spare_nodes (or cluster.max_refills) so that a spare is left for every failure you expect"
+        if state_lost:
+            msg += "HINT: raise replication.factor (more copies of each shard, on other nodes), or use parallel=hsdp with more replicas"
+        else:
+            msg += "HINT: raise cluster.spare_nodes (or cluster.max_refills) so that a spare is left for every failure you expect"
         log.error(msg)
-        return self._finish(EXIT_NO_SPARE, "no_spare", msg)
+        return self._finish(EXIT_NO_SPARE, "state_lost" if state_lost else "no_spare", msg)
 
     async def _stop_nonfinite(self, nf: Dict[str, Any]) -> int:
         """train.on_nonfinite=stop: keep the last finite committed state (written once), say which
@@ -83,12 +128,11 @@ class Ending:
 
     def _complete(self) -> int:
         done = self._g(self.gen).done
-        hashes = {m.sha256 for m in done.values()}
-        if len(hashes) != 1:
-            detail = {self.workers[w].rank: m.sha256[:12] for w, m in done.items()}
-            return self._finish(EXIT_FAILED, "failed", f"replicas diverged: state hashes by rank {detail}")
-        self._emit("replicas_verified", step=self.cfg.train.steps, sha256=next(iter(hashes)), ranks=len(done))
-        return self._finish(EXIT_OK, "completed", None, final_sha=next(iter(hashes)))
+        sha, error = self.layout.final_sha(done, {w: self.workers[w].rank for w in done})
+        if sha is None:
+            return self._finish(EXIT_FAILED, "failed", error)
+        self._emit("replicas_verified", step=self.cfg.train.steps, sha256=sha, ranks=len(done))
+        return self._finish(EXIT_OK, "completed", None, final_sha=sha)
 
     def _finish(self, code: int, status: str, error: Optional[str], final_sha: Optional[str] = None) -> int:
         self.stopping = True

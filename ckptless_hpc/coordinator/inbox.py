@@ -44,6 +44,7 @@ class Held:
     step: Optional[int] = None  # its committed step
     pid: Optional[int] = None
     reason: Optional[str] = None
+    inventory: Optional[Dict[str, Any]] = None  # sharded: shard id -> steps it can serve
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class Done:
     sha256: str
     rank: Optional[int] = None
     step: Optional[int] = None
+    shard: Optional[int] = None  # sharded: the shard this sha256 is of
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class Saved:
     path: str
     step: int
     sha256: str
+    shard: Optional[int] = None  # sharded: one shard's copy
 
 
 @dataclass(frozen=True)

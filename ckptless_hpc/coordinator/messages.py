@@ -12,10 +12,11 @@ Endpoint = Tuple[Optional[str], Optional[int]]  # a worker's (host, state port)
 
 
 def assign(gen: int, rank: int, world: int, step: int, sources: Iterable[str], endpoints: Mapping[str, Endpoint],
-           faults_done: List[int], load: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """Rank ``rank`` of generation ``gen`` starts at ``step``; fetch it from ``sources`` if behind."""
+           faults_done: List[int], load: Optional[Dict[str, Any]] = None, layout: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Rank ``rank`` of generation ``gen`` starts at ``step``; fetch it from ``sources`` if behind.
+    ``layout``: a sharded rank's shard, holders and held shards (coordinator/sharding.py)."""
     src = [{"worker": s, "host": endpoints[s][0], "port": endpoints[s][1]} for s in sources]
-    msg = {"type": "assign", "gen": gen, "rank": rank, "world": world, "step": step, "sources": src, "faults_done": faults_done}
+    msg = {"type": "assign", "gen": gen, "rank": rank, "world": world, "step": step, "sources": src, "faults_done": faults_done, **(layout or {})}
     if load:
         msg["load"] = load
     return msg

@@ -97,3 +97,37 @@ def spread_sources(holders: Sequence[str], i: int, k: int) -> List[str]:
     """The i-th fetcher's sources: k holders starting at holder i (mod), so load is spread."""
     n = len(holders)
     return [holders[(i + j) % n] for j in range(min(k, n))]
+
+
+def plan_sharded_recovery(
+    ranks: Mapping[int, str],
+    failed: Set[str],
+    inventories: Mapping[str, Mapping[int, Iterable[int]]],
+    shard_of_rank: Mapping[int, int],
+    spares: Sequence[Spare],
+    active_nodes: Set[str],
+    bad_nodes: Set[str],
+    max_sources: int = MAX_SOURCES,
+) -> Tuple[Optional[Plan], str]:
+    """As :func:`plan_recovery`, for sharded state: the target is the newest step at which every
+    shard is held by a survivor (its owner's live state or snapshot, a holder's copy, a replica
+    of the same shard index); a worker that does not hold its own shard at the target fetches
+    it from the workers that do. (None, why) when a shard is lost (owner and holders) or no
+    spare is left."""
+    from ..state.placement import plan_shards
+
+    survivors = {r: w for r, w in ranks.items() if w not in failed}
+    lost = sorted(r for r, w in ranks.items() if w in failed)
+    candidates = order_spares(spares, active_nodes, bad_nodes)
+    if len(candidates) < len(lost):
+        return None, f"no spare left: {len(lost)} rank(s) {lost} failed and {len(candidates)} usable spare(s) remain"
+    promoted = {r: candidates[i].worker for i, r in enumerate(lost)}
+    new_ranks = dict(survivors)
+    new_ranks.update(promoted)
+    alive = {w: inventories.get(w, {}) for w in survivors.values()}
+    shards, why = plan_shards(new_ranks, shard_of_rank, alive, max_sources)
+    if shards is None:
+        return None, why
+    sources = {new_ranks[r]: ws for r, ws in shards.sources.items()}
+    reason = f"target step {shards.target_step} (every shard held); " + ", ".join(f"rank {r} -> {w}" for r, w in promoted.items())
+    return Plan(shards.target_step, dict(sorted(new_ranks.items())), promoted, sources), reason

@@ -30,7 +30,9 @@ from ..progress import LogTail, Progress, Snapshot
 from ..faults import KILLS, faults_from_config, spare_fault_due
 from .detector import StallMeter, silent_workers, stragglers
 from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec, loss_kind
-from .planner import by_node, initial_ranks, plan_recovery
+from .planner import by_node, initial_ranks, plan_recovery, plan_sharded_recovery
+from .sharding import Layout, inventories
+from ..state.placement import LOST
 from .tally import Arrivals
 
 log = logging.getLogger("ckptless_hpc.coordinator")
@@ -59,6 +61,7 @@ class Coordinator(Channel, Ending):
         self.world = c.nodes * c.workers_per_node
         self.events = EventLog(os.path.join(run_dir, "events.jsonl"), job_id, clock)
         self.members = Membership(self.wpn)
+        self.layout = Layout(cfg)
         self.gen = -1
         self.gens: Dict[int, _GenState] = {}
         self.pending: Dict[str, tuple] = {}  # failed worker -> (reason, detect time)
@@ -80,6 +83,7 @@ class Coordinator(Channel, Ending):
         self.stopping = False
         self.reform_requested = False
         self.saved: Optional[Dict[str, Any]] = None
+        self.shard_saves: Dict[int, Dict[str, Any]] = {}  # sharded emergency copy: shard -> its file
         self.save_requested: Optional[str] = None  # preemption / time limit: save once, then requeue
         self.cancel_requested: Optional[str] = None  # SIGTERM / SIGINT / ckptless-hpc cancel
         self.resume: Optional[Dict[str, Any]] = None  # emergency copy to start from (after a requeue)
@@ -210,7 +214,10 @@ class Coordinator(Channel, Ending):
 
     def _on_outcome(self, rec: WorkerRec, m: inbox.Message) -> None:
         """Messages that end the job one way or another: saved, non-finite, start-up error."""
-        if isinstance(m, Saved):
+        if isinstance(m, Saved) and m.shard is not None:  # one shard of a sharded emergency copy
+            self.shard_saves[m.shard] = {"path": m.path, "step": m.step, "sha256": m.sha256}
+            self._emit("state_saved", rec, step=m.step, path=m.path, shard=m.shard)
+        elif isinstance(m, Saved):
             self.saved = {"path": m.path, "step": m.step, "sha256": m.sha256}
             self._emit("state_saved", rec, step=m.step, path=m.path)
         elif isinstance(m, NonFinite):
@@ -395,6 +402,8 @@ class Coordinator(Channel, Ending):
         self.address = f"{self.host}:{server.sockets[0].getsockname()[1]}"
         self._emit("job_started", address=self.address, coordinator_pid=os.getpid(), host=socket.gethostname(), world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
         log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
+        log.info("%s", self.layout.describe())
+        self._emit("layout", mode=self.layout.mode, survives_node_losses=self.layout.survives(), describe=self.layout.describe())
         active, spare = self.launcher.initial_nodes(self.bad_nodes)
         for name in active:
             await self._start_node(name, "active")
@@ -485,8 +494,12 @@ class Coordinator(Channel, Ending):
         done = sorted(self.faults_done)
         ends = Endpoints(self.workers)
         self.members.assign(ranks)
+        if self.layout.sharded:
+            self.layout.place({r: self.workers[w].node for r, w in ranks.items()})
         for r, wid in ranks.items():
-            self._send(self.workers[wid], messages.assign(self.gen, r, self.world, step, sources.get(wid, ()), ends, done, load))
+            extra = self.layout.assign_fields(r, ranks, ends)
+            shard_load = _shard_copy(load, extra.get("shard"))
+            self._send(self.workers[wid], messages.assign(self.gen, r, self.world, step, sources.get(wid, ()), ends, done, shard_load, extra))
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self) -> Optional[int]:
@@ -526,10 +539,16 @@ class Coordinator(Channel, Ending):
                 continue
             held_steps = {w: m.step for w, m in g.held.items()}
             spares = [sp for sp in self.members.spares() if sp.worker not in self._doomed]
-            plan, reason = plan_recovery(self.ranks, self.members.failed(), held_steps, spares, self.active_nodes, self.bad_nodes)
+            if self.layout.sharded:
+                plan, reason = plan_sharded_recovery(
+                    self.ranks, self.members.failed(), inventories(g.held), self.layout.shard_of, spares, self.active_nodes, self.bad_nodes
+                )
+            else:
+                plan, reason = plan_recovery(self.ranks, self.members.failed(), held_steps, spares, self.active_nodes, self.bad_nodes)
             if plan is None:
-                self._emit("no_spare", reason=reason)
-                return await self._save_and_requeue(reason, survivors, held_steps)
+                lost = reason.startswith(LOST)
+                self._emit("state_lost" if lost else "no_spare", reason=reason)
+                return await self._save_and_requeue(reason, survivors, held_steps, state_lost=lost)
             rec.target_step = plan.target_step
             self.members.adopt(plan)
             for r, w in plan.promoted.items():
@@ -619,3 +638,11 @@ class Coordinator(Channel, Ending):
                 self.launcher.kill_worker(w.wid)
         await self.launcher.shutdown(self.cfg.cluster.exit_timeout_s)
         self.events.close()
+
+
+def _shard_copy(load: Optional[Dict[str, Any]], shard: Optional[int]) -> Optional[Dict[str, Any]]:
+    """A requeued sharded job: each rank loads its own shard's file of the emergency copy."""
+    if not load or shard is None or "shards" not in load:
+        return load
+    one = load["shards"].get(str(shard))
+    return None if one is None else {"path": one["path"], "sha256": one["sha256"], "step": load["step"], "shard": shard}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 
 import torch
 
@@ -37,11 +37,13 @@ def byte_view(t: torch.Tensor) -> memoryview:
 
 
 def collect_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, step: int, extra: Optional[Dict[str, Any]] = None
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, step: int, extra: Optional[Dict[str, Any]] = None,
+    model_keys: Optional[Set[str]] = None,
 ) -> Tuple[Entries, Dict[str, Any]]:
     """Views of the live state (no copies) in canonical order, plus metadata (``extra`` holds the
-    engine's JSON-able state: scheduler, grad scaler, counters)."""
-    entries: Entries = [(f"model.{k}", v) for k, v in model.state_dict().items()]
+    engine's JSON-able state: scheduler, grad scaler, counters). ``model_keys``: only these
+    entries of the model's state dict (a rank's shard of it)."""
+    entries: Entries = [(f"model.{k}", v) for k, v in model.state_dict().items() if model_keys is None or k in model_keys]
     sd = optimizer.state_dict()
     scalars: Dict[str, Any] = {}
     for i in sorted(sd["state"]):
@@ -67,8 +69,11 @@ def collect_state(
         ) from None
 
 
-def apply_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, entries: Entries, meta: Dict[str, Any]) -> None:
-    """Load a received state into a built model/optimizer/task (the inverse of collect_state)."""
+def apply_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, entries: Entries, meta: Dict[str, Any], model_keys: Optional[Set[str]] = None
+) -> None:
+    """Load a received state into a built model/optimizer/task (the inverse of collect_state;
+    ``model_keys``: the shard of the model's state dict it holds, exactly)."""
     model_sd: Dict[str, torch.Tensor] = {}
     opt_state: Dict[int, Dict[str, Any]] = {}
     task_sd: Dict[str, Any] = dict(meta.get("task_scalars", {}))
@@ -86,7 +91,13 @@ def apply_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: 
     for key, v in meta.get("optim_scalars", {}).items():
         i, _, k = key.partition(".")
         opt_state.setdefault(int(i), {})[k] = v
-    model.load_state_dict(model_sd, strict=True)
+    if model_keys is None:
+        model.load_state_dict(model_sd, strict=True)
+    else:
+        if set(model_sd) != model_keys:
+            missing, extra = sorted(model_keys - set(model_sd)), sorted(set(model_sd) - model_keys)
+            raise ValueError(f"shard state does not match this rank's shard: missing {missing[:5]}, unexpected {extra[:5]}")
+        model.load_state_dict(model_sd, strict=False)
     optimizer.load_state_dict({"state": opt_state, "param_groups": meta["param_groups"]})
     if task_sd:
         task.load_state_dict(task_sd)

@@ -68,8 +68,8 @@ class TransferError(Exception):
     """A transfer failed: refused, truncated, or checksum mismatch."""
 
 
-# returns (entries, meta) or, to inject a wire fault, (entries, meta, "corrupt" | "truncate")
-Provider = Callable[[int, int], Tuple[Any, ...]]
+# (gen, step, shard or None) -> (entries, meta) or, to inject a wire fault, (entries, meta, "corrupt" | "truncate")
+Provider = Callable[[int, int, Optional[int]], Tuple[Any, ...]]
 
 
 @dataclass
@@ -78,6 +78,63 @@ class Received:
     meta: Dict[str, Any]
     nbytes: int
     seconds: float
+
+
+# (gen, shard, step, received) -> None: a verified copy of a peer's shard
+Receiver = Callable[[int, int, int, "Received"], None]
+
+
+def _send_entries(conn: socket.socket, entries: Entries, meta: Dict[str, Any], damage: Optional[str] = None) -> None:
+    """Header, raw bytes in canonical order, xxh3-64 trailer (``damage``: an injected fault)."""
+    header = [{"name": n, "dtype": str(t.dtype), "shape": list(t.shape)} for n, t in entries]
+    _send_big(conn, {"type": "state", "entries": header, "meta": meta})
+    digest = _Hasher()
+    tensors = [t for _, t in entries]
+    cut = (tensors[0].numel() * tensors[0].element_size()) // 2 if tensors else 0  # where an injected fault strikes
+    for i, off, part in host_slices(tensors, SLICE):  # device tensors staged through pinned memory
+        wire = part
+        if damage and i == 0:  # injected fault: the bytes on the wire differ from the state
+            if damage == "truncate" and off + len(part) > cut:
+                conn.sendall(part[: cut - off])
+                return
+            if damage == "corrupt" and off <= cut < off + len(part):
+                bad = bytearray(part)
+                bad[cut - off] ^= 0xFF
+                wire = memoryview(bad)
+        digest.update(part)  # hashed in a thread while this slice is sent
+        conn.sendall(wire)
+    protocol.send_msg(conn, {"type": "end", "xxh3_64": digest.hexdigest()})
+
+
+def _recv_entries(sock: socket.socket, head: Dict[str, Any], arena: Optional["Arena"], peer: str, step: int) -> "Received":
+    """The body after a state header: tensors, then a trailer whose checksum must match."""
+    t0 = time.monotonic()
+    entries: Entries = []
+    digest = _Hasher()
+    nbytes = 0
+    for e in head["entries"]:
+        dtype = _DTYPES.get(e["dtype"])
+        if dtype is None:
+            raise TransferError(f"unsupported dtype {e['dtype']} for {e['name']}")
+        t = arena.take(e["shape"], dtype) if arena is not None else torch.empty(e["shape"], dtype=dtype)
+        mv = byte_view(t)
+        for off in range(0, len(mv), SLICE):
+            part = mv[off : off + SLICE]
+            got = 0
+            while got < len(part):
+                k = sock.recv_into(part[got:])
+                if k == 0:
+                    raise TransferError(f"transfer truncated in {e['name']} after {nbytes + off + got} bytes")
+                got += k
+            digest.update(part)  # hashed in a thread while the next slice arrives
+        nbytes += len(mv)
+        entries.append((e["name"], t))
+    trailer = protocol.recv_msg(sock)
+    if trailer.get("type") != "end" or trailer.get("xxh3_64") != digest.hexdigest():
+        raise TransferError(f"checksum mismatch from {peer}: got xxh3_64 {digest.hexdigest()}, source says {trailer.get('xxh3_64')}")
+    if head["meta"].get("step") != step:
+        raise TransferError(f"{peer} sent step {head['meta'].get('step')}, asked for step {step}")
+    return Received(entries, head["meta"], nbytes, time.monotonic() - t0)
 
 
 def _recv_big(sock: socket.socket) -> Dict[str, Any]:
@@ -97,9 +154,10 @@ def _send_big(sock: socket.socket, msg: Dict[str, Any]) -> None:
 class StateServer:
     """Serves this worker's committed state to authenticated peers (one thread per request)."""
 
-    def __init__(self, bind_host: str, secret: str, provider: Provider, describe: str = "") -> None:
+    def __init__(self, bind_host: str, secret: str, provider: Provider, describe: str = "", receiver: Optional[Receiver] = None) -> None:
         self._secret = secret
         self._provider = provider
+        self._receiver = receiver
         self._describe = describe
         self._sock = socket.create_server((bind_host, 0), backlog=64)
         self.host = bind_host
@@ -124,37 +182,32 @@ class StateServer:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             protocol.server_handshake(conn, self._secret)
             req = protocol.recv_msg(conn)
+            if req.get("type") == "replica" and self._receiver is not None:
+                return self._take_replica(conn, req)
             if req.get("type") != "fetch":
                 raise protocol.ProtocolError(f"expected fetch, got {req.get('type')!r}")
+            shard = req.get("shard")
             try:
-                entries, meta, *damage = self._provider(int(req["gen"]), int(req["step"]))
+                entries, meta, *damage = self._provider(int(req["gen"]), int(req["step"]), None if shard is None else int(shard))
             except StaleState as e:
                 protocol.send_msg(conn, {"type": "refused", "reason": str(e)})
                 return
             conn.settimeout(None)
-            header = [{"name": n, "dtype": str(t.dtype), "shape": list(t.shape)} for n, t in entries]
-            _send_big(conn, {"type": "state", "entries": header, "meta": meta})
-            digest = _Hasher()
-            tensors = [t for _, t in entries]
-            cut = (tensors[0].numel() * tensors[0].element_size()) // 2 if tensors else 0  # where an injected fault strikes
-            for i, off, part in host_slices(tensors, SLICE):  # device tensors staged through pinned memory
-                wire = part
-                if damage and i == 0:  # injected fault: the bytes on the wire differ from the state
-                    if damage[0] == "truncate" and off + len(part) > cut:
-                        conn.sendall(part[: cut - off])
-                        return
-                    if damage[0] == "corrupt" and off <= cut < off + len(part):
-                        bad = bytearray(part)
-                        bad[cut - off] ^= 0xFF
-                        wire = memoryview(bad)
-                digest.update(part)  # hashed in a thread while this slice is sent
-                conn.sendall(wire)
-            protocol.send_msg(conn, {"type": "end", "xxh3_64": digest.hexdigest()})
-        except (protocol.ProtocolError, ConnectionError, OSError, ValueError, KeyError, TypeError) as e:
+            _send_entries(conn, entries, meta, damage[0] if damage else None)
+        except (protocol.ProtocolError, ConnectionError, OSError, ValueError, KeyError, TypeError, TransferError) as e:
             self.refused += 1
             log.warning("%sstate request from %s rejected: %s", self._describe, addr, e)
         finally:
             conn.close()
+
+    def _take_replica(self, conn: socket.socket, req: Dict[str, Any]) -> None:
+        """A peer pushes a copy of its shard (parallel=zero|fsdp): received, verified, kept, acked."""
+        conn.settimeout(HANDSHAKE_TIMEOUT_S * 6)
+        head = _recv_big(conn)
+        got = _recv_entries(conn, head, None, "replica", int(req["step"]))
+        assert self._receiver is not None
+        self._receiver(int(req["gen"]), int(req["shard"]), int(req["step"]), got)
+        protocol.send_msg(conn, {"type": "ack", "step": int(req["step"])})
 
     def close(self) -> None:
         self._sock.close()
@@ -185,8 +238,11 @@ class Arena:
         return self.buf[start : start + n].view(dtype).view(shape)
 
 
-def fetch_state(host: str, port: int, secret: str, gen: int, step: int, timeout_s: float, arena: Optional[Arena] = None) -> Received:
-    """Fetch (gen, step) from a peer's StateServer; raises TransferError on any problem."""
+def fetch_state(
+    host: str, port: int, secret: str, gen: int, step: int, timeout_s: float, arena: Optional[Arena] = None, shard: Optional[int] = None
+) -> Received:
+    """Fetch (gen, step) -- of shard ``shard`` for sharded state -- from a peer's StateServer;
+    raises TransferError on any problem."""
     t0 = time.monotonic()
     if arena is not None:
         arena.offset = 0
@@ -196,38 +252,40 @@ def fetch_state(host: str, port: int, secret: str, gen: int, step: int, timeout_
         raise TransferError(f"cannot reach state source {host}:{port}: {e}") from None
     try:
         sock.settimeout(timeout_s)
-        protocol.send_msg(sock, {"type": "fetch", "gen": gen, "step": step})
+        req: Dict[str, Any] = {"type": "fetch", "gen": gen, "step": step}
+        if shard is not None:
+            req["shard"] = shard
+        protocol.send_msg(sock, req)
         head = _recv_big(sock)
         if head["type"] == "refused":
             raise TransferError(f"source {host}:{port} refused: {head.get('reason')}")
-        entries: Entries = []
-        digest = _Hasher()
-        nbytes = 0
-        for e in head["entries"]:
-            dtype = _DTYPES.get(e["dtype"])
-            if dtype is None:
-                raise TransferError(f"unsupported dtype {e['dtype']} for {e['name']}")
-            t = arena.take(e["shape"], dtype) if arena is not None else torch.empty(e["shape"], dtype=dtype)
-            mv = byte_view(t)
-            for off in range(0, len(mv), SLICE):
-                part = mv[off : off + SLICE]
-                got = 0
-                while got < len(part):
-                    k = sock.recv_into(part[got:])
-                    if k == 0:
-                        raise TransferError(f"transfer truncated in {e['name']} after {nbytes + off + got} bytes")
-                    got += k
-                digest.update(part)  # hashed in a thread while the next slice arrives
-            nbytes += len(mv)
-            entries.append((e["name"], t))
-        trailer = protocol.recv_msg(sock)
-        if trailer.get("type") != "end" or trailer.get("xxh3_64") != digest.hexdigest():
-            raise TransferError(f"checksum mismatch from {host}:{port}: got xxh3_64 {digest.hexdigest()}, source says {trailer.get('xxh3_64')}")
-        if head["meta"].get("step") != step:
-            raise TransferError(f"source sent step {head['meta'].get('step')}, asked for step {step}")
-        return Received(entries, head["meta"], nbytes, time.monotonic() - t0)
+        got = _recv_entries(sock, head, arena, f"{host}:{port}", step)
+        got.seconds = time.monotonic() - t0
+        return got
     except (OSError, ConnectionError, protocol.ProtocolError, KeyError) as e:
         raise TransferError(f"transfer from {host}:{port} failed: {e}") from None
     finally:
         sock.close()
 
+
+def push_state(host: str, port: int, secret: str, gen: int, shard: int, step: int, entries: Entries, meta: Dict[str, Any], timeout_s: float) -> float:
+    """Send a copy of this rank's shard at ``step`` to a holder; returns once the holder has
+    verified and kept it (its ack), in seconds. Raises TransferError on any problem."""
+    t0 = time.monotonic()
+    try:
+        sock = protocol.connect(host, port, secret, timeout_s=timeout_s)
+    except (OSError, protocol.ProtocolError) as e:
+        raise TransferError(f"cannot reach holder {host}:{port}: {e}") from None
+    try:
+        sock.settimeout(timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        protocol.send_msg(sock, {"type": "replica", "gen": gen, "shard": shard, "step": step})
+        _send_entries(sock, entries, meta)
+        ack = protocol.recv_msg(sock)
+        if ack.get("type") != "ack" or ack.get("step") != step:
+            raise TransferError(f"holder {host}:{port} did not acknowledge step {step}: {ack}")
+        return time.monotonic() - t0
+    except (OSError, ConnectionError, protocol.ProtocolError, KeyError) as e:
+        raise TransferError(f"copy to holder {host}:{port} failed: {e}") from None
+    finally:
+        sock.close()

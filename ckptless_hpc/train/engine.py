@@ -35,6 +35,7 @@ from ..state.snapshot import Entries, Piece, apply_state, collect_state
 from ..tasks.base import set_lr
 from .data import Feed, forward_seed, make_feed
 from .replicated import BucketedGrads, BufferSync
+from .zero import ZeroPartition
 
 PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 _Schedulers = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -83,8 +84,10 @@ class Engine:
         torch.manual_seed(t.seed)
         self.model = task.build_model().to(device)
         _refuse_sync_batchnorm(self.model)
+        self.mode = str(cfg.parallel.mode) if "parallel" in cfg else "ddp"
         self.optimizer = task.build_optimizer(self.model, cfg.optim)
-        self.scheduler = _build_scheduler(task, self.optimizer, cfg)
+        self.zero: Optional[ZeroPartition] = None  # parallel=zero: built once the rank is known
+        self.scheduler = _build_scheduler(task, self.optimizer, cfg) if self.mode == "ddp" else None
         self.amp_dtype = PRECISIONS[t.precision]
         self.scaler = torch.amp.GradScaler(device.type) if t.precision == "fp16" else None
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -99,10 +102,26 @@ class Engine:
         self.comm: Any = None
 
     # ------------------------------------------------------------------ generations
+    @property
+    def sharded(self) -> bool:
+        return self.mode != "ddp"
+
+    def take_rank(self, rank: int) -> None:
+        """This process is rank ``rank`` from now on (a rank never changes for a process): a
+        sharded mode builds the rank's part of the optimizer (and its scheduler) here, before
+        any state is loaded into it."""
+        if self.mode == "zero" and self.zero is None:
+            self.zero = ZeroPartition(self.model, self.optimizer, self.world, rank)
+            self.optimizer = self.zero.optimizer
+            self.scheduler = _build_scheduler(self.task, self.optimizer, self.cfg)
+
     def bind(self, comm: Any) -> None:
         """Train with this generation's communicator from now on (same rank numbers)."""
+        self.take_rank(comm.rank)
         self.comm = comm
         self.feed.bind(comm.rank)
+        if self.zero is not None:
+            self.zero.stale = True  # the other owners' parameters come at the next step's start
 
     # ------------------------------------------------------------------ one step
     def _autocast(self) -> Any:
@@ -117,6 +136,9 @@ class Engine:
         self._loss_sum.zero_()
         if self.buffers:
             self.buffers.save()
+        if self.zero is not None and self.zero.stale:  # the owners' parameters of the last step
+            wait(self.zero.launch_sync(comm))
+            self.zero.land_sync()
         try:
             futures = self._forward_backward(step, comm)
             on_backward()
@@ -176,6 +198,8 @@ class Engine:
                 self.skipped["overflow"] += 1
         else:
             self.optimizer.step()
+        if self.zero is not None:
+            self.zero.stale = True
         self._step_scheduler(loss)
         return StepResult(loss, grad_norm, lr, skipped=skipped)
 
@@ -203,15 +227,24 @@ class Engine:
         return [Piece(k, v, None) for k, v in entries], meta
 
     def collect(self, step: int) -> Tuple[Entries, Dict[str, Any]]:
+        """The state of ``step`` this rank holds: all of it (ddp), or its shard (views, no copies)."""
         extra = {
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "skipped": dict(self.skipped),
         }
-        return collect_state(self.model, self.optimizer, self.task, step, extra)
+        keys = self.zero.model_keys if self.zero is not None else None
+        return collect_state(self.model, self.optimizer, self.task, step, extra, model_keys=keys)
 
-    def apply(self, entries: Entries, meta: Dict[str, Any]) -> None:
-        apply_state(self.model, self.optimizer, self.task, entries, meta)
+    def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False) -> None:
+        """Load a state (a shard, in a sharded mode) into this rank. The optimizer keeps the
+        tensors it is given: ``copy`` for buffers the caller reuses (a snapshot)."""
+        if copy:
+            entries = [(n, t.clone()) for n, t in entries]
+        keys = self.zero.model_keys if self.zero is not None else None
+        apply_state(self.model, self.optimizer, self.task, entries, meta, model_keys=keys)
+        if self.zero is not None:
+            self.zero.stale = True
         if self.scheduler is not None and meta.get("scheduler") is not None:
             self.scheduler.load_state_dict(meta["scheduler"])
         if self.scaler is not None and meta.get("scaler"):

@@ -35,6 +35,7 @@ from .. import protocol
 from ..tasks.selfcheck import check_batch_determinism
 from ..state.snapshot import state_nbytes, state_sha256
 from ..state.transfer import Arena, StaleState, StateServer, TransferError, fetch_state
+from .shard_copies import ShardCopies
 from ..train import cuda
 from ..train.comm import Communicator, DeadlineExceeded, Retired, connect_store, resources, within
 from ..train.engine import Engine, StepResult
@@ -154,12 +155,14 @@ class Worker:
             check_batch_determinism(self.task, world)
         self.n_params = self.engine.n_params
         entries, _ = self.engine.collect(0)
-        self.state_bytes = state_nbytes(entries)
+        self.state_bytes = state_nbytes(entries) // (world if self.engine.sharded else 1)
         self.faults = faultlib.faults_from_config(self.cfg)
         batch_size = getattr(self.task, "batch_size", None)
         self.samples = batch_size * self.engine.micro_batches * world if isinstance(batch_size, int) else None
         self.store_addr = store_addr
-        self.server = StateServer(self.host, self.secret, self._provide, describe=f"[{self.node}] ")
+        self.shards = ShardCopies(self.cfg, self.secret, self.client, self._wake) if self.engine.sharded else None
+        receiver = self.shards.keep if self.shards is not None else None
+        self.server = StateServer(self.host, self.secret, self._provide, describe=f"[{self.node}] ", receiver=receiver)
         self.step = 0  # a freshly built model is the state of step 0 on every worker (seeded init)
         self.arena: Optional[Arena] = None
         if self.hot_spare:  # an idle spare pre-faults the memory it will receive its state into
@@ -198,8 +201,10 @@ class Worker:
 
     def _last_resort(self) -> None:
         """Coordinator gone on Slurm: save once and requeue (worker/last_resort.py); then exit."""
+        # a sharded rank's state is one shard of many: it requeues from the last complete copy, as a spare does
+        rank = None if self.shards is not None else self.rank
         last_resort.run(
-            self.run_dir, self.node, self.rank, self.step, self.faults_done, self.cfg.cluster.max_requeues, self._save, spare_wait_s=ORPHANED_SPARE_WAIT_S
+            self.run_dir, self.node, rank, self.step, self.faults_done, self.cfg.cluster.max_requeues, self._save, spare_wait_s=ORPHANED_SPARE_WAIT_S
         )
         exit_now(EXIT_COORDINATOR_LOST)
 
@@ -220,6 +225,8 @@ class Worker:
                 self._fire(self.faults[int(msg["index"])], self.step)
             elif kind == "stop":
                 self._on_stop(msg)
+            elif kind == "save" and self.shards is not None:
+                self._save_shard(msg["path"], int(msg["shard"]), int(msg["step"]))
             else:
                 log.warning("ignoring unknown message %r", kind)
 
@@ -235,7 +242,10 @@ class Worker:
         return faultlib.due(self.faults, self.faults_done, self.rank, self.cfg.cluster.workers_per_node, step, at)
 
     def _send_held(self, abort_gen: Optional[int], reason: str) -> None:
-        self.client.send({"type": "held", "gen": self.gen, "abort_gen": abort_gen, "step": self.step, "pid": os.getpid(), "reason": reason})
+        msg = {"type": "held", "gen": self.gen, "abort_gen": abort_gen, "step": self.step, "pid": os.getpid(), "reason": reason}
+        if self.shards is not None:  # what it can serve: shard -> steps (live, snapshots, copies held for peers)
+            msg["inventory"] = {str(k): v for k, v in self.shards.inventory(self.step).items()}
+        self.client.send(msg)
 
     # ------------------------------------------------------------------ waiting, interruptibly
     def _wait_until(self, done: Callable[[], bool], gen: int, timeout_s: float) -> str:
@@ -283,11 +293,19 @@ class Worker:
         self.ctx.update(gen=gen, rank=self.rank)
         target = int(msg["step"])
         timeout_s = self.cfg.cluster.recovery_timeout_s
+        self.engine.take_rank(self.rank)
+        if self.shards is not None:
+            self.shards.assign(gen, msg)
+            if self.step != target and self.shards.restore(self.engine, target):
+                self.step = target  # rolled back to its own snapshot: the newest step every shard is held at
+                self.ctx["step"] = target
         try:
             if msg.get("load") and self.step != target:
                 self._load(msg["load"])
             if self.step != target:
                 self._fetch(msg.get("sources", []), gen, target, timeout_s)
+            if self.shards is not None:
+                self.shards.start_generation(self.engine, target)
             t0 = time.monotonic()
             self.client.send({"type": "joining", "gen": gen, "step": self.step})
             self.comm = self._interruptible(lambda: self._form(gen), gen, timeout_s, "form-group")
@@ -311,8 +329,9 @@ class Worker:
             if fault is not None:
                 self._fire(fault, target)
             try:
+                shard = self.shards.shard if self.shards is not None else None
                 got = self._interruptible(
-                    lambda: fetch_state(src["host"], int(src["port"]), self.secret, gen, target, timeout_s, self.arena), gen, timeout_s, "fetch-state"
+                    lambda: fetch_state(src["host"], int(src["port"]), self.secret, gen, target, timeout_s, self.arena, shard=shard), gen, timeout_s, "fetch-state"
                 )
             except TransferError as e:
                 errors.append(str(e))
@@ -342,10 +361,15 @@ class Worker:
         self.step = int(data["meta"]["step"])
         log.info("loaded the emergency copy of step %d from %s in %.2fs", self.step, saved["path"], time.monotonic() - t0)
 
-    def _provide(self, gen: int, step: int) -> Any:
-        if self.training or self.step != step:
-            raise StaleState(f"{self.node} holds step {self.step} (training={self.training}); asked for step {step} of generation {gen}")
-        entries, meta = self.engine.collect(self.step)
+    def _provide(self, gen: int, step: int, shard: Optional[int] = None) -> Any:
+        copy = self.shards.get(shard, step) if self.shards is not None and shard is not None else None
+        if copy is not None:
+            entries, meta = copy
+        elif self.training or self.step != step or (self.shards is not None and shard != self.shards.shard):
+            what = f"step {self.step} (training={self.training})" if self.shards is None else f"{self.shards.describe(self.step)}"
+            raise StaleState(f"{self.node} holds {what}; asked for step {step} of generation {gen}" + (f", shard {shard}" if shard is not None else ""))
+        else:
+            entries, meta = self.engine.collect(self.step)
         fault = self._due("send", step)
         if fault is not None and fault.kind in faultlib.WIRE:
             self.faults_done.add(fault.index)
@@ -418,7 +442,10 @@ class Worker:
         finally:
             self.training = False
         entries, meta = self.engine.collect(self.step)
-        self.client.send({"type": "done", "gen": gen, "rank": self.rank, "step": self.step, "sha256": state_sha256(entries, meta)})
+        done = {"type": "done", "gen": gen, "rank": self.rank, "step": self.step, "sha256": state_sha256(entries, meta)}
+        if self.shards is not None:
+            done["shard"] = self.shards.shard
+        self.client.send(done)
 
     def _one_step(self, gen: int) -> bool:
         """One step; False when it was refused (non-finite, train.on_nonfinite=stop)."""
@@ -428,10 +455,15 @@ class Worker:
         if not res.committed:
             self._report_nonfinite(gen, step, res)
             return False
+        fault = self._due("update", step)
+        if fault is not None:  # right after the optimizer update: before the step is counted or copied
+            self._fire(fault, step)
         if res.skipped:
             log.warning("step %d skipped (%s): loss %s, grad norm %s", step, res.skipped, res.loss, res.grad_norm)
         self.step = step + 1
         self.ctx["step"] = self.step
+        if self.shards is not None:
+            self.shards.committed(self.engine, self.step)
         if gen > self._released_before:  # this generation works: what the older ones left can go
             self._released_before = gen
             self._retired.release_before(gen)
@@ -461,6 +493,17 @@ class Worker:
         fault = self._due("step", step)
         if fault is not None:
             self._fire(fault, step)
+        if self.shards is not None:  # the last collective of this step waits for our last copy (shards.py)
+            self._await_copy(self.gen, step)
+
+    def _await_copy(self, gen: int, step: int) -> None:
+        shards = self.shards
+        assert shards is not None
+        outcome = self._wait_until(shards.copy_confirmed, gen, self.cfg.cluster.collective_timeout_s)
+        if outcome == "abort":
+            raise Aborted("replication")
+        if outcome == "timeout":
+            raise CollectiveError(f"the copy of step {shards.pending} was not acknowledged by its holders within {self.cfg.cluster.collective_timeout_s}s: {shards.last_error}")
 
     def _wait(self, futures: List[Any], gen: int, step: int) -> None:
         timeout_s = self.cfg.cluster.collective_timeout_s
@@ -486,6 +529,22 @@ class Worker:
         os.replace(tmp, path)
         log.info("state of step %d written to %s", self.step, path)
         return {"path": path, "step": self.step, "sha256": state_sha256(entries, meta)}
+
+    def _save_shard(self, path: str, shard: int, step: int) -> None:
+        """One shard of a sharded emergency copy: from a snapshot, a held copy, or the live state."""
+        assert self.shards is not None
+        copy = self.shards.get(shard, step)
+        if copy is None and shard == self.shards.shard and step == self.step:
+            copy = self.engine.collect(step)
+        if copy is None:
+            log.error("asked to save shard %d at step %d, which this worker does not hold (%s)", shard, step, self.shards.describe(self.step))
+            return
+        entries, meta = copy
+        tmp = path + ".tmp"
+        torch.save({"meta": meta, "entries": {n: t.detach().cpu() for n, t in entries}}, tmp)
+        os.replace(tmp, path)
+        log.info("shard %d of step %d written to %s", shard, step, path)
+        self.client.send({"type": "saved", "path": path, "step": step, "sha256": state_sha256(entries, meta), "shard": shard})
 
     def _on_stop(self, msg: Dict[str, Any]) -> None:
         path = msg.get("save")

@@ -1,0 +1,86 @@
+"""The coordinator's view of the state layout (parallel=ddp|zero|fsdp|hsdp): which shard each
+rank holds, where its copies go, what the layout survives, and how the final state's
+fingerprint is made of the shards'. Pure decisions (state.placement) plus the bits of the
+assign message they produce; no I/O."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from ..state.placement import REPLICATED_BY_COPIES, layout_tolerance, place, shard_map, tolerance
+
+
+class Layout:
+    def __init__(self, cfg: Any) -> None:
+        c = cfg.cluster
+        p = cfg.get("parallel") if hasattr(cfg, "get") else getattr(cfg, "parallel", None)
+        self.mode = str(p.mode) if p is not None else "ddp"
+        self.world = c.nodes * c.workers_per_node
+        self.wpn = c.workers_per_node
+        self.shard_size = p.shard_size if p is not None else None
+        r = cfg.get("replication") if hasattr(cfg, "get") else getattr(cfg, "replication", None)
+        self.factor = int(r.factor) if r is not None and self.mode in REPLICATED_BY_COPIES else 0
+        self.every = int(r.every) if r is not None else 1
+        self.shard_of: Dict[int, int] = shard_map(self.mode, self.world, self.shard_size) if self.sharded else {}
+        self.placement: Dict[int, List[int]] = {}
+
+    @property
+    def sharded(self) -> bool:
+        return self.mode != "ddp"
+
+    def survives(self) -> int:
+        """Simultaneous node losses the configured layout survives (ranks numbered node by node)."""
+        return layout_tolerance(self.mode, self.world, self.wpn, self.factor, self.shard_size)
+
+    def describe(self) -> str:
+        n = self.survives()
+        what = {
+            "ddp": "every rank holds the whole state",
+            "zero": f"optimizer state sharded over {self.world} ranks, {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each shard on other nodes every {self.every} step(s)",
+            "fsdp": f"parameters and optimizer state sharded over {self.world} ranks (FSDP2), {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each shard on other nodes every {self.every} step(s)",
+            "hsdp": f"FSDP2 in shard groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each shard",
+        }[self.mode]
+        tail = "a lost shard ends the job on the last-resort path" if n < 1 else f"survives {n} simultaneous node loss{'es' if n != 1 else ''}"
+        return f"parallel={self.mode}: {what}; {tail}"
+
+    def place(self, rank_node: Mapping[int, str]) -> Dict[int, List[int]]:
+        """(Re)compute where copies go for the current rank -> node map, keeping what stays valid."""
+        if self.factor > 0:
+            self.placement = place(rank_node, self.factor, self.placement or None)
+        return self.placement
+
+    def live_tolerance(self, rank_node: Mapping[int, str]) -> int:
+        return tolerance(rank_node, self.placement) if self.factor > 0 else 0
+
+    def assign_fields(self, rank: int, ranks: Mapping[int, str], endpoints: Any) -> Dict[str, Any]:
+        """What a sharded rank's assign carries: its shard, its holders, and the shards it holds copies of."""
+        if not self.sharded:
+            return {}
+        holders = [{"worker": ranks[h], "host": endpoints[ranks[h]][0], "port": endpoints[ranks[h]][1]} for h in self.placement.get(rank, [])]
+        holds = sorted(self.shard_of[o] for o, hs in self.placement.items() if rank in hs)
+        return {"shard": self.shard_of[rank], "holders": holders, "holds": holds}
+
+    def final_sha(self, done: Mapping[str, Any], rank_of: Mapping[str, int]) -> Tuple[Optional[str], Optional[str]]:
+        """The job's fingerprint from the ranks' done messages: ddp, the one hash every replica
+        has; sharded, a hash of each shard's hash in shard order (replicas of a shard must agree)."""
+        if not self.sharded:
+            hashes = {m.sha256 for m in done.values()}
+            if len(hashes) != 1:
+                return None, "replicas diverged: state hashes by rank " + str({rank_of[w]: m.sha256[:12] for w, m in done.items()})
+            return next(iter(hashes)), None
+        by_shard: Dict[int, set] = {}
+        for w, m in done.items():
+            by_shard.setdefault(self.shard_of[rank_of[w]] if m.shard is None else int(m.shard), set()).add(m.sha256)
+        split = {s: sorted(h)[:2] for s, h in by_shard.items() if len(h) != 1}
+        if split:
+            return None, f"replicas of a shard diverged: {split}"
+        h = hashlib.sha256()
+        for s in sorted(by_shard):
+            h.update(f"{s}:{next(iter(by_shard[s]))};".encode())
+        return h.hexdigest(), None
+
+
+def inventories(held: Mapping[str, Any]) -> Dict[int, Any]:
+    """The survivors' shard inventories (worker -> shard id -> steps), from their held messages."""
+    return {w: {int(k): [int(s) for s in v] for k, v in (m.inventory or {}).items()} for w, m in held.items()}

@@ -1,0 +1,210 @@
+"""A sharded rank's copies of state, kept in host memory: its own snapshots and the copies it
+holds for peers, and the background sender of its own copies (docs/sharding.md).
+
+The protocol that closes the consistency window (PARALLEL.md), for ``replication.every = 1``:
+
+1. after step s commits on a rank, its shard is snapshot (one copy, into reused buffers) and
+   the snapshot is sent to its holders in the background, overlapped with step s+1's compute;
+2. before a rank contributes the last collective of step s+1 (the loss allreduce, after its
+   backward), it waits until its copy of step s is acknowledged by every holder;
+3. so when step s+1's collectives have completed on any rank, every rank's copy of step s exists
+   (step s is *durable*), and everyone drops its snapshots and held copies older than s.
+
+Hence at any failure every shard is held at the durable step, by its owner's snapshot or a
+holder's copy, and the job resumes at the newest step every shard is held at (never a mix).
+With ``every = k`` the same holds with "step" read as "replicated step" (multiples of k): a lost
+shard then rolls the job back to the last copy, up to k - 1 steps. ``hsdp`` keeps the
+snapshots (its rollback for a step that committed on some ranks only) and sends nothing: the
+replicas of a shard are its copies.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from .snapshot import Entries, state_nbytes
+from .transfer import Received, TransferError, push_state
+
+log = logging.getLogger(__name__)
+
+Copy = Tuple[Entries, Dict[str, Any]]
+
+
+def _copy_into(src: Entries, reuse: Optional[Entries]) -> Entries:
+    """Detached host copies of ``src``, written into ``reuse``'s buffers where shapes match."""
+    out: Entries = []
+    old = {n: t for n, t in (reuse or [])}
+    for n, t in src:
+        buf = old.get(n)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            buf = torch.empty(t.shape, dtype=t.dtype)
+        buf.copy_(t.detach())
+        out.append((n, buf))
+    return out
+
+
+class ShardStore:
+    """Own snapshots (step -> copy) and held copies (shard -> step -> copy); thread-safe (the
+    state server's threads add held copies and read both)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.own: Dict[int, Copy] = {}
+        self.held: Dict[int, Dict[int, Copy]] = {}
+        self._spare: Optional[Entries] = None  # a dropped snapshot's buffers, reused by the next
+
+    def snapshot(self, step: int, entries: Entries, meta: Dict[str, Any]) -> Copy:
+        with self._lock:
+            reuse, self._spare = self._spare, None
+        copy = (_copy_into(entries, reuse), dict(meta))
+        with self._lock:
+            self.own[step] = copy
+        return copy
+
+    def keep(self, shard: int, step: int, got: Received) -> None:
+        """A holder's verified copy of ``shard`` at ``step``; the two newest per shard are kept
+        (the durable step's and the one after it)."""
+        with self._lock:
+            copies = self.held.setdefault(shard, {})
+            copies[step] = (got.entries, got.meta)
+            for s in sorted(copies)[:-2]:
+                del copies[s]
+
+    def durable(self, step: int) -> None:
+        """Every rank's copy of ``step`` exists: what is older can go (the newest own snapshot
+        is always kept)."""
+        with self._lock:
+            newest = max(self.own, default=None)
+            for s in [s for s in self.own if s < step and s != newest]:
+                entries, _ = self.own.pop(s)
+                self._spare = entries
+            for copies in self.held.values():
+                for s in [s for s in copies if s < step and s != max(copies)]:
+                    del copies[s]
+
+    def get(self, shard: int, step: int, own_shard: Optional[int]) -> Optional[Copy]:
+        with self._lock:
+            if shard == own_shard and step in self.own:
+                return self.own[step]
+            return self.held.get(shard, {}).get(step)
+
+    def drop_held(self, keep_shards: Optional[set] = None) -> None:
+        """Forget copies of shards this worker no longer holds for (a new placement)."""
+        with self._lock:
+            for shard in list(self.held):
+                if keep_shards is None or shard not in keep_shards:
+                    del self.held[shard]
+
+    def inventory(self, own_shard: Optional[int], live: Optional[int]) -> Dict[int, List[int]]:
+        with self._lock:
+            inv: Dict[int, List[int]] = {s: sorted(c) for s, c in self.held.items() if c}
+            if own_shard is not None:
+                mine = set(self.own)
+                if live is not None:
+                    mine.add(live)
+                inv[own_shard] = sorted(set(inv.get(own_shard, [])) | mine)
+            return inv
+
+    def nbytes(self) -> Dict[str, int]:
+        with self._lock:
+            own = sum(state_nbytes(e) for e, _ in self.own.values())
+            held = sum(state_nbytes(e) for c in self.held.values() for e, _ in c.values())
+        return {"own": own, "held": held}
+
+
+class Replicator:
+    """Sends this rank's snapshots to its holders in one background thread, newest first (an
+    older copy still queued is dropped: the newer one supersedes it), retrying a holder that
+    fails until the copy is superseded or the generation changes."""
+
+    RETRY_S = 0.2
+
+    def __init__(self, secret: str, timeout_s: float, on_error: Callable[[str], None], on_change: Callable[[], None] = lambda: None) -> None:
+        self.secret, self.timeout_s, self.on_error, self.on_change = secret, timeout_s, on_error, on_change
+        self._acked: Dict[int, set] = {}  # step -> workers that acknowledged its copy
+        self._cond = threading.Condition()
+        self._job: Optional[Tuple[int, int, int, Copy, List[Tuple[str, int, str]]]] = None  # (gen, shard, step, copy, holders)
+        self.confirmed: Dict[int, float] = {}  # step -> seconds it took (every holder acked)
+        self.sent_bytes = 0
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="replicator", daemon=True)
+        self._thread.start()
+
+    def send(self, gen: int, shard: int, step: int, copy: Copy, holders: List[Tuple[str, int, str]]) -> None:
+        """Queue the copy of ``step`` for ``holders`` [(host, port, worker)]; none: confirmed at once."""
+        with self._cond:
+            if not holders:
+                self.confirmed.setdefault(step, 0.0)
+                self._cond.notify_all()
+                self.on_change()
+                return
+            self.confirmed.pop(step, None)
+            self._job = (gen, shard, step, copy, list(holders))
+            self._cond.notify_all()
+
+    def acked(self, step: int) -> set:
+        with self._cond:
+            return set(self._acked.get(step, ()))
+
+    def is_confirmed(self, step: int) -> bool:
+        with self._cond:
+            return step in self.confirmed
+
+    def forget_before(self, step: int) -> None:
+        with self._cond:
+            for s in [s for s in self.confirmed if s < step]:
+                del self.confirmed[s]
+            for s in [s for s in self._acked if s < step]:
+                del self._acked[s]
+
+    def cancel(self) -> None:
+        """A new generation: the queued copy's holders may be gone; the next snapshot re-sends."""
+        with self._cond:
+            self._job = None
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                job = self._job
+            assert job is not None
+            gen, shard, step, (entries, meta), holders = job
+            t0 = time.monotonic()
+            left = list(holders)
+            while left:
+                host, port, worker = left[0]
+                try:
+                    push_state(host, port, self.secret, gen, shard, step, entries, meta, self.timeout_s)
+                    left.pop(0)
+                    self.sent_bytes += state_nbytes(entries)
+                    with self._cond:
+                        self._acked.setdefault(step, set()).add(worker)
+                except TransferError as e:
+                    self.on_error(f"copy of shard {shard} at step {step} to {worker}: {e}")
+                    with self._cond:
+                        if self._job is not job or self._stopped:
+                            break
+                        self._cond.wait(self.RETRY_S)
+                with self._cond:
+                    if self._job is not job:
+                        break
+            with self._cond:
+                if not left:
+                    self.confirmed[step] = time.monotonic() - t0
+                if self._job is job:
+                    self._job = None
+                self._cond.notify_all()
+            self.on_change()
