@@ -553,6 +553,10 @@ class Coordinator(Channel, Ending):
             self.members.adopt(plan)
             for r, w in plan.promoted.items():
                 self._emit("spare_promoted", self.workers[w], rank=r, step=plan.target_step)
+            if self.layout.sharded:  # holders are named by address: a promoted spare must be serving first
+                await self._until(lambda: bool(self.pending) or all(self.workers[w].built for w in plan.promoted.values()), c.startup_timeout_s)
+                if self.pending:
+                    continue
             self._assign(self.ranks, plan.target_step, plan.sources)
             # a promoted spare that is still starting needs its start-up time first
             unbuilt = any(not self.workers[w].built for w in self.ranks.values())

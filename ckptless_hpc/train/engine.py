@@ -85,6 +85,8 @@ class Engine:
         self.model = task.build_model().to(device)
         _refuse_sync_batchnorm(self.model)
         self.mode = str(cfg.parallel.mode) if "parallel" in cfg else "ddp"
+        if self.mode not in ("ddp", "zero"):
+            raise ValueError(f"parallel.mode={self.mode} is not available in this build. HINT: use parallel=ddp or parallel=zero")
         self.optimizer = task.build_optimizer(self.model, cfg.optim)
         self.zero: Optional[ZeroPartition] = None  # parallel=zero: built once the rank is known
         self.scheduler = _build_scheduler(task, self.optimizer, cfg) if self.mode == "ddp" else None
@@ -150,6 +152,8 @@ class Engine:
         except BaseException:
             self.grads.disarm()
             self.buffers.restore()
+            self.grads.renew()  # the failed generation's operations may still write into the old memory
+            self._loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
             raise
         return self._update(step, comm.world * self.micro_batches, t)
 

@@ -18,17 +18,26 @@ import torch
 class BucketedGrads:
     def __init__(self, params: List[torch.Tensor], bucket_bytes: int, device: torch.device) -> None:
         self.params = params
-        by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
+        self._groups: Dict[torch.dtype, List[torch.Tensor]] = {}
         for p in reversed(params):
-            by_dtype.setdefault(p.dtype, []).append(p)
+            self._groups.setdefault(p.dtype, []).append(p)
+        self._bucket_bytes, self._device = bucket_bytes, device
+        self._layout()
+        self._comm: Any = None
+        self._left: List[int] = []
+        self.futures: List[Optional[Any]] = []
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _layout(self) -> None:
         self.flats: List[torch.Tensor] = []
         self.buckets: List[torch.Tensor] = []  # slices of the flats, in launch-order index
         self._sizes: List[int] = []  # parameters per bucket
         self._bucket_of: Dict[int, int] = {}
-        for dtype, group in by_dtype.items():
-            flat = torch.zeros(sum(p.numel() for p in group), dtype=dtype, device=device)
+        for dtype, group in self._groups.items():
+            flat = torch.zeros(sum(p.numel() for p in group), dtype=dtype, device=self._device)
             self.flats.append(flat)
-            limit = max(1, bucket_bytes // flat.element_size())
+            limit = max(1, self._bucket_bytes // flat.element_size())
             off = start = 0
             count = 0
             for p in group:
@@ -40,11 +49,14 @@ class BucketedGrads:
                     self.buckets.append(flat[start:off])
                     self._sizes.append(count)
                     start, count = off, 0
-        self._comm: Any = None
-        self._left: List[int] = []
-        self.futures: List[Optional[Any]] = []
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def renew(self) -> None:
+        """Fresh gradient memory after a step that did not finish: an abandoned generation's
+        allreduce may still be running in its group's thread (stuck on a peer that is frozen,
+        or fed late by one that forwarded part of a ring), and would write into the buffers the
+        redone step uses. The old ones stay with those operations until their group is released."""
+        self._comm = None
+        self._layout()
 
     def zero(self) -> None:
         for f in self.flats:

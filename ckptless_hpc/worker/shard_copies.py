@@ -43,7 +43,9 @@ class ShardCopies:
     def assign(self, gen: int, msg: Dict[str, Any]) -> None:
         self.gen = gen
         self.shard = int(msg["shard"])
-        self.holders = [(h["host"], int(h["port"]), h["worker"]) for h in msg.get("holders", [])]
+        self.holders = [(h["host"], int(h["port"]), h["worker"]) for h in msg.get("holders", []) if h.get("port") is not None]
+        if len(self.holders) != len(msg.get("holders", [])):
+            log.warning("a holder of shard %d has no state port yet: %d of %d copies this generation", self.shard, len(self.holders), len(msg["holders"]))
         self._holds = {int(s) for s in msg.get("holds", [])}
         self.replicator.cancel()
 

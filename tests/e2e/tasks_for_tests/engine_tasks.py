@@ -79,3 +79,19 @@ class StreamTask(MLPTask):
 class SyncBNTask(MLPTask):
     def build_model(self) -> nn.Module:
         return nn.Sequential(nn.Linear(self.input_dim, self.hidden), nn.SyncBatchNorm(self.hidden), nn.Linear(self.hidden, self.classes))
+
+
+class ShardedRichMLP(MLPTask):
+    """Every kind of state a sharded run must carry: BatchNorm running statistics (buffers),
+    dropout (RNG), the user's own scheduler (OneCycleLR state), AdamW moments, several layers
+    (several shards / FSDP units)."""
+
+    def build_model(self) -> nn.Module:
+        h = self.hidden
+        return nn.Sequential(
+            nn.Linear(self.input_dim, h), nn.BatchNorm1d(h), nn.GELU(), nn.Dropout(0.1),
+            nn.Linear(h, h), nn.GELU(), nn.Linear(h, h), nn.GELU(), nn.Linear(h, self.classes),
+        )
+
+    def build_scheduler(self, optimizer, optim, total_steps):
+        return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=float(optim.lr), total_steps=total_steps)
