@@ -319,8 +319,8 @@ def _parallel_errors(cfg: Any, need: Callable[..., None]) -> None:
                 hsdp_tolerance(world, c.workers_per_node, s) >= 1,
                 "parallel.shard_size",
                 s,
-                f"with cluster.workers_per_node={c.workers_per_node} every replica of some shard lives on one node, so one node loss loses it",
-                f"use parallel.shard_size >= {c.workers_per_node} (a multiple of cluster.workers_per_node), so that the replicas of a shard sit on different nodes",
+                f"every replica of some shard lives on one node (cluster.nodes={c.nodes}, cluster.workers_per_node={c.workers_per_node}), so one node loss loses it",
+                "spread the job over at least 2 nodes (cluster.nodes=2 or more), so that the replicas of a shard sit on different nodes",
             )
         return
     if _is_int(r.factor) and r.factor >= 1:

@@ -1,0 +1,124 @@
+"""Shard copies over real sockets: pushed to a holder's state server, verified, kept, served
+back; the store's retention (the two newest copies, the durable step's snapshot); config
+validation of parallel.* and replication.*."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from ckptless_hpc.config import Config, validation_errors
+from ckptless_hpc.state.shards import Replicator, ShardStore
+from ckptless_hpc.state.snapshot import state_sha256
+from ckptless_hpc.state.transfer import StaleState, StateServer, fetch_state
+
+pytestmark = pytest.mark.timeout(60)
+SECRET = "s" * 32
+
+
+def _state(step: int, n: int = 1000):
+    g = torch.Generator().manual_seed(step)
+    return [("model.w", torch.randn(n, generator=g)), ("optim.0.exp_avg", torch.randn(n, generator=g))], {"step": step, "param_groups": []}
+
+
+def _holder():
+    store = ShardStore()
+
+    def provide(gen, step, shard=None):
+        copy = store.get(shard, step, own_shard=None)
+        if copy is None:
+            raise StaleState(f"no copy of shard {shard} at {step}")
+        return copy
+
+    server = StateServer("127.0.0.1", SECRET, provide, receiver=lambda gen, shard, step, got: store.keep(shard, step, got))
+    return store, server
+
+
+def test_a_pushed_copy_is_verified_kept_and_served_back():
+    store, server = _holder()
+    woke = threading.Event()
+    rep = Replicator(SECRET, 10, on_error=lambda e: None, on_change=woke.set)
+    own = ShardStore()
+    for step in (5, 6, 7):
+        copy = own.snapshot(step, *_state(step))
+        rep.send(0, 3, step, copy, [("127.0.0.1", server.port, "holder")])
+        deadline = time.monotonic() + 10
+        while not rep.is_confirmed(step):
+            assert time.monotonic() < deadline, "copy never acknowledged"
+            woke.wait(0.5)
+            woke.clear()
+        assert rep.acked(step) == {"holder"}
+    assert sorted(store.held[3]) == [6, 7]  # the two newest are kept
+    got = fetch_state("127.0.0.1", server.port, SECRET, gen=0, step=7, timeout_s=10, shard=3)
+    assert state_sha256(got.entries, got.meta) == state_sha256(*_state(7))
+    rep.close()
+    server.close()
+
+
+def test_a_holder_that_is_gone_is_retried_until_it_answers_or_the_copy_is_superseded():
+    errors = []
+    rep = Replicator(SECRET, 2, on_error=errors.append)
+    rep.RETRY_S = 0.05
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead_port = s.getsockname()[1]
+    s.close()  # nobody listens there
+    own = ShardStore()
+    rep.send(0, 1, 4, own.snapshot(4, *_state(4)), [("127.0.0.1", dead_port, "gone")])
+    time.sleep(0.5)
+    assert not rep.is_confirmed(4) and errors and "gone" in errors[0]
+    rep.send(1, 1, 4, own.get(1, 4, 1), [])  # a new generation with no holders: confirmed at once
+    assert rep.is_confirmed(4)
+    rep.close()
+
+
+def test_snapshots_are_copies_and_the_durable_step_keeps_what_a_rollback_needs():
+    st = ShardStore()
+    live, meta = _state(1)
+    st.snapshot(1, live, meta)
+    live[0][1].add_(1.0)  # the live state moves on: the snapshot must not
+    assert torch.equal(st.get(0, 1, 0)[0][0][1], _state(1)[0][0][1])
+    st.snapshot(2, *_state(2))
+    st.snapshot(3, *_state(3))
+    st.durable(2)
+    assert sorted(st.own) == [2, 3]
+    assert st.inventory(0, live=3) == {0: [2, 3]}
+    st.durable(5)  # the newest snapshot is always kept
+    assert sorted(st.own) == [3]
+
+
+def _cfg(**over):
+    cfg = OmegaConf.structured(Config)
+    cfg.task = {"_target_": "x"}
+    cfg.cluster = OmegaConf.structured(__import__("ckptless_hpc.config", fromlist=["LocalClusterConfig"]).LocalClusterConfig)
+    for k, v in over.items():
+        OmegaConf.update(cfg, k, v)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "over,field,says",
+    [
+        ({"parallel.mode": "tp"}, "parallel.mode", "unknown parallel mode"),
+        ({"parallel.mode": "zero", "replication.factor": 2}, "replication.factor", "at most 1 copies"),
+        ({"parallel.mode": "fsdp", "train.precision": "fp16"}, "train.precision", "fp16"),
+        ({"parallel.mode": "hsdp", "parallel.shard_size": 3}, "parallel.shard_size", "divides the world size 2"),
+        ({"parallel.mode": "hsdp", "parallel.shard_size": 2, "cluster.nodes": 1, "cluster.workers_per_node": 4}, "parallel.shard_size", "one node loss loses it"),
+        ({"parallel.mode": "zero", "replication.every": 0}, "replication.every", "must be an integer >= 1"),
+    ],
+)
+def test_a_layout_that_cannot_keep_its_promise_is_refused(over, field, says):
+    errors = validation_errors(_cfg(**over))
+    assert any(e.startswith(f"{field}=") and says in e and "HINT" in e for e in errors), errors
+
+
+def test_sharded_layouts_that_work_are_accepted():
+    assert validation_errors(_cfg(**{"parallel.mode": "zero", "cluster.nodes": 3, "replication.factor": 2})) == []
+    assert validation_errors(_cfg(**{"parallel.mode": "hsdp", "parallel.shard_size": 2, "cluster.nodes": 2, "cluster.workers_per_node": 2})) == []
+    assert validation_errors(_cfg(**{"parallel.mode": "fsdp", "replication.factor": 0})) == []
