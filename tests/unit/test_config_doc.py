@@ -33,7 +33,7 @@ def _shown(value) -> str:
 
 
 def _rows():
-    for prefix, cls in [("train.", C.TrainConfig), ("optim.", C.OptimConfig), ("cluster.", C.SlurmClusterConfig), ("fault.", C.FaultConfig)]:
+    for prefix, cls in [("train.", C.TrainConfig), ("optim.", C.OptimConfig), ("cluster.", C.SlurmClusterConfig), ("fault.", C.FaultConfig), ("parallel.", C.ParallelConfig), ("replication.", C.ReplicationConfig)]:
         for f in fields(cls):
             yield prefix + f.name, _default(f)
     for f in fields(C.Config):
@@ -41,7 +41,7 @@ def _rows():
             yield f.name, _default(f)
 
 
-PER_GROUP = {"cluster.backend", "cluster.bind_host", "task", "cluster", "fault"}
+PER_GROUP = {"cluster.backend", "cluster.bind_host", "task", "cluster", "fault", "parallel.mode"}
 
 
 @pytest.mark.parametrize("key, default", list(_rows()))
