@@ -159,6 +159,25 @@ def test_warning_signal_saves_once_requeues_and_resumes(slurm_env, tmp_path, bas
     assert s["final_state_sha256"] == baseline(*LM)
 
 
+def test_sharded_job_saves_every_shard_requeues_and_resumes(slurm_env, tmp_path, baseline):
+    """parallel=zero on Slurm: a killed worker recovers from its holder's copy; the warning
+    signal then writes every shard once (a sharded emergency copy); the requeued job's ranks
+    each load their own shard, verified, and the run ends bitwise equal to the fault-free one."""
+    cfg = ("task=lm", "train.steps=200", "parallel=zero")
+    job = _submit(tmp_path, *cfg, "fault=kill_worker", "fault.rank=1", "fault.step=20")
+    _event(tmp_path, lambda e: e["event"] == "resumed", "the recovery from the holder's copy")
+    _past_step(tmp_path, 60)
+    subprocess.run(["scancel", "--signal=USR2", "--batch", job], check=True, timeout=20)
+    saved = _event(tmp_path, lambda e: e["event"] == "emergency_save", "the sharded emergency copy")["saved"]
+    assert saved and sorted(saved["shards"]) == ["0", "1"] and saved["step"] >= 60, saved
+    assert all(os.path.exists(v["path"]) for v in saved["shards"].values())
+    restarted = _event(tmp_path, lambda e: e["event"] == "generation_started" and e.get("resumed_from"), "the requeued run", within_s=180)
+    assert restarted["step"] == saved["step"]
+    s = _finished(job, tmp_path, within_s=240)
+    assert s["status"] == "completed" and s["resumed_from"]["sha256"] == saved["sha256"]
+    assert s["final_state_sha256"] == baseline(*cfg)
+
+
 def test_sbatch_template(slurm_env, tmp_path, baseline):
     cfg = ("task=mlp", "train.steps=50")
     env = dict(os.environ, CKPTLESS_RUN_DIR=str(tmp_path / "run"), PYTHON=sys.executable)
