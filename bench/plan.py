@@ -53,6 +53,14 @@ class Plan:
     b7_ranks: Tuple[int, ...] = (1000, 4000, 10000)  # simulated ranks (bench/b7.py)
     b7_wpn: int = 8  # ranks per simulated node
     b7_steady_s: float = 20.0  # the window in which CPU and heartbeat delay are measured
+    b8_size: str = "tiny"  # B8 (bench/b8.py): sharded state
+    b8_steps: int = 30
+    b8_reps: int = 1
+    b8_factors: Tuple[int, ...] = (1,)  # 1: 2 nodes; 2: 3 nodes (a copy lives on another node)
+    b8_modes: Tuple[str, ...] = ("zero",)
+    b8_modes_available: Tuple[str, ...] = ("zero",)
+    b8_recover_sizes: Tuple[str, ...] = ("tiny",)
+    b8_recover_steps: int = 20
     notes: Dict[str, str] = field(default_factory=dict)
 
 
@@ -78,6 +86,7 @@ FULL = Plan(
     b4_bytes=1_200_000_000, b4_reps=3,  # the AdamW state of the 100 M model
     b5_size="default", b5_nodes=(2, 4, 8), b5_steps=40, b5_fault_step=20, b5_reps=2,
     b6_size="default", b6_interval_s=60.0, b6_failures=2,
+    b8_size="100M", b8_steps=16, b8_reps=2, b8_factors=(1, 2), b8_recover_sizes=("10M", "100M"), b8_recover_steps=10,
 )
 
 PLANS = {"quick": QUICK, "full": FULL}

@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # python bench/run.py
 
 from ckptless_hpc import sim  # noqa: E402
 
-from . import b7 as b7lib, ckpt_restart, report, torchft_bench, transfer  # noqa: E402
+from . import b7 as b7lib, b8 as b8lib, ckpt_restart, report, torchft_bench, transfer  # noqa: E402
 from .common import REPO, SIZES, BenchError, JobRun, cpu_per_step, lm_params, machine_info, median, run_ckptless, task_overrides  # noqa: E402
 from .plan import PLANS, Plan  # noqa: E402
 
@@ -323,6 +323,12 @@ class Bench:
         log(f"  b7 metrics message: {metrics['at_1k_us']} us at step 1k, {metrics['at_1m_us']} us at step 1M")
         return {"points": points, "metrics": metrics, "targets": b7lib.TARGETS}
 
+    def b8(self) -> Dict[str, Any]:
+        log(f"B8 sharded state: {self.plan.b8_modes}, {self.plan.b8_size} model, replication factor 0/1/2")
+        res = b8lib.run(self)
+        log(b8lib.table(res))
+        return res
+
     def b6_sim(self, b1: Dict[str, Any], b3: Dict[str, Any], b5: Dict[str, Any]) -> Dict[str, Any]:
         pt = b1["points"][-1]  # the largest model measured
         rows = b5["rows"]
@@ -388,6 +394,7 @@ def headline(res: Dict[str, Any]) -> Dict[str, Optional[float]]:
         "b6_goodput_local": _f(res["b6"]["ckptless"]["goodput"]),
         "b6_goodput_sim_16k": _f(res["b6_sim"]["at_16k"]["checkpointless_goodput"]),
         **b7lib.headline(res.get("b7")),
+        **b8lib.headline(res.get("b8")),
     }
 
 
@@ -401,7 +408,7 @@ def _clean(x: Any) -> Any:
     return x
 
 
-SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7")
+SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7", "b8")
 
 
 def _write(res: Dict[str, Any], results: Path) -> None:
@@ -424,7 +431,7 @@ def _resim(results: Path, plan: Plan) -> int:
     return 0
 
 
-INDEPENDENT = ("b3", "b4", "b5", "b7")  # sections that use no other section's results
+INDEPENDENT = ("b3", "b4", "b5", "b7", "b8")  # sections that use no other section's results
 
 
 def _only(names: List[str], plan: Plan, results: Path, add_to_latest: bool = False) -> int:
@@ -463,6 +470,8 @@ def _add_to_latest(res: Dict[str, Any], names: List[str], latest: Path) -> None:
         old[n]["measured"] = {"command": res["command"], "date": res["date"], "loadavg_at_end": res["machine"]["loadavg_at_end"]}
     if "b7" in names:
         old.update(b7lib.headline(res["b7"]))
+    if "b8" in names:
+        old.update(b8lib.headline(res["b8"]))
     latest.write_text(json.dumps(_clean(old), indent=2) + "\n", encoding="utf-8")
     print(f"added {', '.join(names)} to {latest}")
 
@@ -503,6 +512,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "b6": lambda: b.b6(res["b3"]),
         "b6_sim": lambda: b.b6_sim(res["b1"], res["b3"], res["b5"]),
         "b7": b.b7,
+        "b8": b.b8,
     }
     for name in SECTIONS:
         res[name] = steps[name]()

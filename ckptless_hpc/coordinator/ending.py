@@ -134,6 +134,13 @@ class Ending:
         self._emit("replicas_verified", step=self.cfg.train.steps, sha256=sha, ranks=len(done))
         return self._finish(EXIT_OK, "completed", None, final_sha=sha)
 
+    def _layout_summary(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"mode": self.layout.mode, "survives_node_losses": self.layout.survives()}
+        if self.layout.sharded:
+            done = self._g(self.gen).done
+            out["copies_bytes_by_rank"] = {str(self.workers[w].rank): m.copies_bytes for w, m in sorted(done.items()) if m.copies_bytes is not None}
+        return out
+
     def _finish(self, code: int, status: str, error: Optional[str], final_sha: Optional[str] = None) -> int:
         self.stopping = True
         self.progress.close()
@@ -164,6 +171,7 @@ class Ending:
             "coordinator_stalls": {"total_s": round(self.stalls.stalled_s, 3), "worst_s": round(self.stalls.worst_s, 3)},
             "skipped_steps": dict(self.skipped),
             "saved_state": self.saved,
+            "parallel": self._layout_summary(),
             "resumed_from": self.resume,
             "run_dir": self.run_dir,
         }

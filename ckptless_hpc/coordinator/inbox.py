@@ -95,6 +95,7 @@ class Done:
     rank: Optional[int] = None
     step: Optional[int] = None
     shard: Optional[int] = None  # sharded: the shard this sha256 is of
+    copies_bytes: Optional[Dict[str, int]] = None  # sharded: host bytes of its own snapshots and held copies
 
 
 @dataclass(frozen=True)

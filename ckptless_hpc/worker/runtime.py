@@ -445,6 +445,7 @@ class Worker:
         done = {"type": "done", "gen": gen, "rank": self.rank, "step": self.step, "sha256": state_sha256(entries, meta)}
         if self.shards is not None:
             done["shard"] = self.shards.shard
+            done["copies_bytes"] = self.shards.store.nbytes()  # host memory its snapshots and held copies take
         self.client.send(done)
 
     def _one_step(self, gen: int) -> bool:

@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 KEYS = (
     "b1_downtime_s", "b1_ratio_vs_ckpt_restart", "b2_ratio_vs_torchft", "b3_overhead_pct",
     "b4_transfer_fraction_of_loopback", "b5_growth_pct_2_to_8", "b6_goodput_local", "b6_goodput_sim_16k",
+    "b8_replication_overhead_pct_f1",
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
