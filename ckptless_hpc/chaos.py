@@ -1,6 +1,6 @@
 """Chaos soak: many randomised fault schedules, each checked against the oracle.
 
-    python -m ckptless_hpc.chaos runs=20 seed=7 [steps=60 nodes=3 workers_per_node=1 task=mlp out=chaos-runs]
+    python -m ckptless_hpc.chaos runs=20 seed=7 [steps=60 nodes=3 workers_per_node=1 task=mlp parallel=ddp out=chaos-runs]
 
 Each run injects 1-3 faults (kinds, ranks, steps and moments of the recovery protocol drawn at
 random) into a real local job and must end with the final state's sha256 equal to the
@@ -22,7 +22,10 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-DEFAULTS: Dict[str, Any] = {"runs": 10, "seed": 0, "steps": 60, "nodes": 3, "workers_per_node": 1, "task": "mlp", "out": "chaos-runs", "timeout_s": 300, "redraws": 3}
+DEFAULTS: Dict[str, Any] = {
+    "runs": 10, "seed": 0, "steps": 60, "nodes": 3, "workers_per_node": 1, "task": "mlp", "parallel": "ddp", "out": "chaos-runs", "timeout_s": 300, "redraws": 3,
+}
+PARALLEL = ("ddp", "zero", "fsdp", "hsdp")
 KINDS = ("kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
 
 
@@ -36,14 +39,19 @@ def parse_args(argv: Sequence[str]) -> Dict[str, Any]:
             opts[key] = type(DEFAULTS[key])(value)
         except ValueError:
             raise ValueError(f"{key}={value!r} is not a {type(DEFAULTS[key]).__name__}. HINT: e.g. {key}={DEFAULTS[key]}") from None
+    if opts["parallel"] not in PARALLEL:
+        raise ValueError(f"parallel={opts['parallel']!r}: unknown mode. HINT: use one of {', '.join(PARALLEL)}")
     if opts["runs"] < 1 or opts["steps"] < 30 or opts["nodes"] < 2:
         raise ValueError(f"runs={opts['runs']}, steps={opts['steps']}, nodes={opts['nodes']}: need runs >= 1, steps >= 30, nodes >= 2. HINT: the defaults work")
     return opts
 
 
-def random_schedule(rng: random.Random, steps: int, nodes: int, workers_per_node: int) -> List[Dict[str, Any]]:
+def random_schedule(rng: random.Random, steps: int, nodes: int, workers_per_node: int, two_at_once: bool = True) -> List[Dict[str, Any]]:
     """1-3 faults, survivable by construction: at most one loss at a time and never the last
-    holder of the state, so every schedule must end with the fault-free hash (pure)."""
+    holder of the state, so every schedule must end with the fault-free hash (pure).
+    ``two_at_once`` False (sharded state with one copy): no fault during another's recovery
+    that could take a second holder of the same shard (a kill while serving, or when a
+    recovery starts): owner and holder lost together is the documented last resort, not a soak."""
     world = nodes * workers_per_node
     faults: List[Dict[str, Any]] = []
     slots = sorted(rng.sample(range(5, steps - 10, 5), k=rng.randint(1, 3)))
@@ -54,15 +62,32 @@ def random_schedule(rng: random.Random, steps: int, nodes: int, workers_per_node
             f["node"] = rng.randrange(nodes)
         elif kind != "kill_spare":
             f["rank"] = rng.randrange(world)
-        if kind in ("kill_worker", "hang") and rng.random() < 0.3:
-            f["at"] = rng.choice(("recovery", "send", "receive"))
+        if kind in ("kill_worker", "hang") and rng.random() < 0.4:
+            f["at"] = rng.choice(("update", "recovery", "send", "receive") if two_at_once else ("update", "receive"))
         if kind == "slow":
             f.update(factor=rng.choice((4, 6, 8)), duration=rng.randint(5, 15))
         faults.append(f)
-    kills = [f for f in faults if f["kind"] in ("kill_worker", "kill_node", "hang") and f.get("at", "step") == "step"]
+    kills = [f for f in faults if f["kind"] in ("kill_worker", "kill_node", "hang") and f.get("at", "step") in ("step", "update")]
     if not kills:  # wire damage, dead spares and faults during a recovery need a recovery to happen
         faults.append({"kind": "kill_worker", "rank": rng.randrange(world), "step": max(slots) + 5})
     return faults
+
+
+def _survives_two(opts: Dict[str, Any]) -> bool:
+    """Whether the soak's layout survives two losses in one recovery (every copy placed on
+    another node: ddp always; sharded modes with two copies or three replicas)."""
+    from .state.placement import layout_tolerance
+
+    world = opts["nodes"] * opts["workers_per_node"]
+    return layout_tolerance(opts["parallel"], world, opts["workers_per_node"], _factor(opts), _shard_size(opts)) >= 2 or opts["parallel"] == "ddp"
+
+
+def _factor(opts: Dict[str, Any]) -> int:
+    return min(2, opts["nodes"] - 1)
+
+
+def _shard_size(opts: Dict[str, Any]) -> int:
+    return max(1, opts["nodes"] * opts["workers_per_node"] // 2) if opts["nodes"] * opts["workers_per_node"] % 2 == 0 else 1
 
 
 def schedule_override(faults: List[Dict[str, Any]]) -> str:
@@ -86,7 +111,7 @@ def _run(run_dir: str, overrides: List[str], timeout_s: float) -> Tuple[int, Opt
 
 def _one(i: int, attempt: int, base: List[str], out: str, opts: Dict[str, Any], rng: random.Random, want: str) -> Dict[str, Any]:
     """Run one drawn schedule; its verdict: the oracle held, and how many planned faults fired."""
-    faults = random_schedule(rng, opts["steps"], opts["nodes"], opts["workers_per_node"])
+    faults = random_schedule(rng, opts["steps"], opts["nodes"], opts["workers_per_node"], two_at_once=_survives_two(opts))
     t0 = time.monotonic()
     rc, s = _run(os.path.join(out, f"run{i:03d}" + (f"-redraw{attempt}" if attempt else "")), base + ["fault=none", schedule_override(faults)], opts["timeout_s"])
     oracle = rc == 0 and s is not None and s["final_state_sha256"] == want
@@ -112,14 +137,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     base = [
         f"task={opts['task']}", f"train.steps={opts['steps']}", f"cluster.nodes={opts['nodes']}", f"cluster.workers_per_node={opts['workers_per_node']}",
         "cluster.spare_nodes=2", f"cluster.max_refills={kills}", "cluster.heartbeat_interval_s=0.25", "cluster.heartbeat_timeout_s=1.5",
+        f"parallel={opts['parallel']}",
     ]
+    if opts["parallel"] in ("zero", "fsdp"):  # two copies where there are nodes for them: a loss during a recovery is survived too
+        base.append(f"replication.factor={_factor(opts)}")
+    if opts["parallel"] == "hsdp":
+        base.append(f"parallel.shard_size={_shard_size(opts)}")
     out = os.path.abspath(opts["out"])
     os.makedirs(out, exist_ok=True)
     rc, ref = _run(os.path.join(out, "baseline"), base + ["fault=none"], opts["timeout_s"])
     if rc != 0 or not ref:
         print(f"the fault-free baseline failed (exit {rc}); see {out}/baseline", file=sys.stderr)
         return 1
-    print(f"baseline sha256 {ref['final_state_sha256'][:16]}  ({opts['task']}, {opts['steps']} steps, {opts['nodes']}x{opts['workers_per_node']} ranks)")
+    print(f"baseline sha256 {ref['final_state_sha256'][:16]}  ({opts['task']}, parallel={opts['parallel']}, {opts['steps']} steps, {opts['nodes']}x{opts['workers_per_node']} ranks)")
     print(f"{'run':>5} {'verdict':<7} {'exit':>4} {'fired':>5}  {'recoveries (downtime s)':<28} faults")
     results, redrawn = [], []
     for i in range(opts["runs"]):

@@ -36,6 +36,7 @@ from ..state.placement import LOST
 from .tally import Arrivals
 
 log = logging.getLogger("ckptless_hpc.coordinator")
+MAX_START_FAILURES = 3  # a worker that cannot start this many generations of one recovery is declared failed
 
 
 
@@ -46,6 +47,7 @@ class _GenState:
     joining: Set[str] = field(default_factory=set)  # holds its state, forming the group
     fetched: List[Fetched] = field(default_factory=list)
     done: Dict[str, Done] = field(default_factory=dict)
+    start_failed: Dict[str, str] = field(default_factory=dict)  # could not start the generation (e.g. no good copy fetched): why
 
 
 class Coordinator(Channel, Ending):
@@ -82,6 +84,7 @@ class Coordinator(Channel, Ending):
         self.tensorboard: Optional[TensorBoardSink] = None
         self.stopping = False
         self.reform_requested = False
+        self._start_failures: Dict[str, int] = {}  # worker -> generations it could not start, this recovery
         self.saved: Optional[Dict[str, Any]] = None
         self.shard_saves: Dict[int, Dict[str, Any]] = {}  # sharded emergency copy: shard -> its file
         self.save_requested: Optional[str] = None  # preemption / time limit: save once, then requeue
@@ -207,6 +210,10 @@ class Coordinator(Channel, Ending):
     def _on_held(self, rec: WorkerRec, m: Held) -> None:
         if m.abort_gen is not None:
             self._g(m.abort_gen).held[rec.wid] = m
+        elif str(m.reason).startswith("start failed") and m.gen == self.gen and not self.stopping:
+            self._g(m.gen).start_failed[rec.wid] = str(m.reason)
+            self._emit("start_failed", rec, step=m.step, reason=m.reason)
+            self._notify()
         elif not self.stopping and rec.role == "active" and m.gen == self.gen:
             log.info("rank %s reported: %s", rec.rank, str(m.reason)[:160])
             self._emit("collective_error", rec, step=m.step, reason=m.reason)
@@ -562,8 +569,15 @@ class Coordinator(Channel, Ending):
             unbuilt = any(not self.workers[w].built for w in self.ranks.values())
             limit = c.recovery_timeout_s + (c.startup_timeout_s if unbuilt else 0)
             ready = Arrivals(self.ranks.values(), g.ready.__contains__)
-            ok = await self._until(lambda: bool(self.pending) or ready(), limit)
+            ok = await self._until(lambda: bool(self.pending) or bool(g.start_failed) or ready(), limit)
             if self.pending:
+                continue
+            if g.start_failed:  # plan again at once (other sources, the next copy); a worker failing thrice is lost
+                for w, why in g.start_failed.items():
+                    self._start_failures[w] = self._start_failures.get(w, 0) + 1
+                    if self._start_failures[w] >= MAX_START_FAILURES:
+                        self._lost(self.workers[w], f"could not start {MAX_START_FAILURES} generations in a row: {why}")
+                self.reform_requested = not self.pending
                 continue
             if not ok:
                 # blame only who never got as far as forming the group; if all did, form again
@@ -573,6 +587,7 @@ class Coordinator(Channel, Ending):
                 self.reform_requested = not self.pending
                 continue
             break
+        self._start_failures.clear()
         rec.gen = self.gen
         rec.t_ready = self.clock()
         rec.replacements = {str(r): self.ranks[r] for r in rec.failed_ranks if r in self.ranks}

@@ -324,7 +324,7 @@ class Worker:
         if not sources:
             raise TransferError(f"step {target} needed but the coordinator named no source")
         errors = []
-        for src in sources * 2:  # a damaged transfer is fetched again, from another peer where one exists
+        for src in sources * 3:  # a damaged transfer is fetched again, from another peer where one exists
             fault = self._due("receive", target)
             if fault is not None:
                 self._fire(fault, target)

@@ -67,3 +67,18 @@ def test_owner_and_every_holder_lost_stops_saying_so(mode, job):
     assert "state lost" in s["error"] and "replication.factor" in s["error"], s["error"]
     assert s["saved_state"] is None  # a partial copy is never written nor reported
     assert _events(res.run_dir, "state_lost")
+
+
+def test_damaged_copies_from_the_only_holder_are_fetched_again(job, baseline):
+    """One holder (factor 1), whose first two transfers are damaged on the wire: the replacement
+    verifies, refuses and fetches again from it; the run keeps the oracle. (With a recovery
+    timeout of 10 minutes, a recovery that waited for it instead of fetching again would time
+    the test out.)"""
+    cfg = ("task=mlp", "train.steps=30", "cluster.nodes=2", "cluster.spare_nodes=1", "parallel=zero", "cluster.recovery_timeout_s=600")
+    res = job(*cfg, "fault=kill_worker", "fault.rank=0", "fault.step=15",
+              "fault.schedule=[{kind:corrupt_transfer,rank:1,step:5},{kind:truncate_transfer,rank:1,step:5}]", timeout_s=300)
+    assert res.rc == 0, res.out[-3000:]
+    s = res.summary
+    assert sorted(s["faults_fired"]) == [0, 1, 2] and len(s["recoveries"]) == 1
+    assert len(_events(res.run_dir, "transfer_error")) == 2
+    assert s["final_state_sha256"] == baseline(*cfg)
