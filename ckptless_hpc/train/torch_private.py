@@ -159,3 +159,4 @@ def info_mesh(info: object) -> object:
 
 def post_forward_meshes(model: torch.nn.Module) -> int:
     return sum(1 for g in param_groups(model) if g.post_forward_mesh_info is not None)  # type: ignore[attr-defined]
+

@@ -123,7 +123,13 @@ class Rank:
         if self.mode == "ddp":
             self.binding, self.group = None, shard_pg
         else:
-            self.binding = F.FSDPBinding.shard(self.model, shard_pg, rep_pg)
+            kw = {}
+            if self.spec.get("precision") == "fp16":  # fp16 compute, fp32 reduction and master weights
+                from torch.distributed.fsdp import MixedPrecisionPolicy
+
+                kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
+            self.binding = F.FSDPBinding.shard(self.model, shard_pg, rep_pg, **kw)
+        self.scaler = torch.amp.GradScaler("cpu") if self.spec.get("precision") == "fp16" else None
         self.stats["shard_s"] = time.perf_counter() - t0
         self.opt = torch.optim.Adam(self.model.parameters(), lr=LR)  # built on the sharded parameters
 
@@ -138,7 +144,7 @@ class Rank:
             loss = loss_of(self.model, step, self.rank, m) / accum
             if kill and (kill["rank"], kill["step"], kill["micro"]) == (self.rank, step, m) and self.spec["role"] == "rank":
                 loss.register_hook(lambda g: os.kill(os.getpid(), signal.SIGKILL))  # dies as backward starts
-            loss.backward()
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         if self.binding is None:  # the plain data-parallel equivalent: one flat allreduce
             grads = [p.grad for p in self.model.parameters()]
             flat = torch.cat([g.reshape(-1) for g in grads])
@@ -149,6 +155,18 @@ class Rank:
                 g.copy_(flat[off : off + g.numel()].view_as(g))
                 off += g.numel()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP)
+        elif self.scaler is not None:
+            inject = self.spec.get("inf_at")
+            if inject and inject == [self.rank, step]:  # an overflow in this rank's shard only
+                next(self.model.parameters()).grad.to_local().view(-1)[0] = float("inf")
+            self.scaler.unscale_(self.opt)  # DTensor reduces its inf flag (max) over the mesh's group
+            self.binding.clip(CLIP)
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+            if self.scaler.get_scale() < scale:
+                self.stats.setdefault("skipped", []).append(step)
+            return
         else:
             self.binding.clip(CLIP)
         self.opt.step()

@@ -29,10 +29,10 @@ pytestmark = pytest.mark.timeout(300)
 STEPS = 6
 
 
-def _run(tmp: Path, mode: str, world: int, kill: Optional[dict] = None, accum: int = 1) -> Path:
+def _run(tmp: Path, mode: str, world: int, kill: Optional[dict] = None, accum: int = 1, **extra) -> Path:
     tmp.mkdir(parents=True, exist_ok=True)
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    base = dict(mode=mode, world=world, shard_size=2, steps=STEPS, accum=accum, port=store.port, dir=str(tmp), kill=kill)
+    base = dict(mode=mode, world=world, shard_size=2, steps=STEPS, accum=accum, port=store.port, dir=str(tmp), kill=kill, **extra)
     specs = [dict(base, role="rank", rank=r) for r in range(world)] + ([dict(base, role="spare", rank=-1)] if kill else [])
     procs = [subprocess.Popen([sys.executable, str(HERE / "fsdp_worker.py"), json.dumps(s)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for s in specs]
     try:
@@ -119,6 +119,17 @@ def test_accumulation_set_sync_and_kill_in_first_micro_batch(tmp_path):
     print(f"accum=2: max |sharded - reference| = {_assert_reference(clean, 3, 2):.2e}")
     d = _run(tmp_path / "kill", "fsdp", 3, kill={"rank": 2, "step": 2, "micro": 0}, accum=2)
     _assert_bitwise(clean, d, 3)
+
+
+def test_fp16_grad_scaler_skips_alike_on_every_rank(tmp_path):
+    """fp16 compute (MixedPrecisionPolicy), fp32 reduction, torch.amp.GradScaler: an inf put in
+    one rank's shard only makes every rank skip that step (DTensor's handler of the unscale op
+    takes the max of the flag over the mesh's group, the re-bound one), and the run is bitwise
+    reproducible."""
+    d = _run(tmp_path / "a", "fsdp", 3, precision="fp16", inf_at=[1, 2])
+    skipped = [s.get("skipped", []) for s in _stats(d, 3)]
+    assert skipped[0] == skipped[1] == skipped[2] and 2 in skipped[0], skipped
+    _assert_bitwise(d, _run(tmp_path / "b", "fsdp", 3, precision="fp16", inf_at=[1, 2]), 3)
 
 
 # ------------------------------------------------------------------ single process, fresh each
