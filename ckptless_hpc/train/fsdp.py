@@ -9,21 +9,46 @@ HSDP is done the cheap way (as torchft does): FSDP2 shards over the shard group 
 of one replica), and an all-reduce hook averages each reduce-scattered gradient shard over the
 replicate group (the same shard index in every replica). Swapping the replicate group is one
 attribute; FSDP never sees it. Layout: ``replica = rank // shard_size``,
-``shard_index = rank % shard_size``; the shard group of replica r is ``gen<g>/shard<r>``, the
-replicate group of shard index s is ``gen<g>/rep<s>``.
+``shard_index = rank % shard_size`` (:func:`hsdp_layout`).
 
 State moves peer to peer outside torch.distributed: :func:`own_entries` and :func:`load_own`
 give and take this rank's local shards as named tensors, without a collective.
 
-Every private torch access is in :mod:`.torch_private`.
-"""
+How an engine uses it (every private torch access is in :mod:`.torch_private`):
 
+once per process, when it has its rank::
+
+    stable_default_group(rank, world)
+    model = task.build_model()                      # same seed everywhere
+    pg = register_group(comm)                       # FSDP: the generation's group "gen<g>"
+    # HSDP: hs = form_hsdp_groups(store, g, rank, world, shard_size, host, timeout_s); pg = hs.shard
+    binding = FSDPBinding.shard(model, pg, hs.replicate if hsdp else None, units=units_for(task, model))
+    optimizer = task.build_optimizer(model, ...)    # AFTER shard: on the DTensor parameters
+
+a hot spare, before it has a rank: ``warm_up(task.build_model, loss_of_a_batch, optimizer_factory)``;
+when promoted: the lines above, then ``load_own(model, optimizer, entries_from_a_holder)``.
+
+one step (K micro-batches)::
+
+    optimizer.zero_grad(set_to_none=True)
+    for k in range(K):
+        binding.set_sync(k == K - 1)                # no reduction before the last micro-batch
+        (loss_k / K).backward()                     # FSDP all-gathers / reduce-scatters inside
+    binding.clip(max_norm)                          # or binding.grad_norm(): on the generation's group
+    optimizer.step()                                # committed; own_entries(model, optimizer) -> replicas
+
+a failed step (gloo raised in forward/backward, or the coordinator said abort)::
+
+    binding.reset()                                 # reset_iter_state() + drop gradients
+    <put back buffers the failed forward changed; undo snapshot if the optimizer had stepped>
+    release_in_background(binding.unbind() + <this generation's pgs and comms>)   # releases peers
+    <form generation g+1>; binding.rebind(new_pg, new_replicate_pg); redo the step
+"""
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -31,6 +56,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import torch_private as P
+from .comm import Communicator
 
 Entries = List[Tuple[str, torch.Tensor]]
 IDENTITY_BACKEND = "ckptless_identity"
@@ -136,42 +162,48 @@ class HSDPGroups:
     replicate: dist.ProcessGroup  # the same shard index in every replica (the all-reduce hook)
     shard_index: int
     replica: int
+    comms: List[Any]  # the two Communicators (group ranks), for release() (NCCL: abort)
+
+    def groups(self) -> List[Any]:
+        """Everything to hand to :func:`release_in_background` when the generation fails."""
+        return [self.shard, self.replicate, *self.comms]
 
 
 def hsdp_layout(rank: int, world: int, shard_size: int) -> Tuple[List[int], List[int]]:
-    """(global ranks of rank's shard group, of its replicate group)."""
+    """(global ranks of rank's shard group, of its replicate group): replica = rank // shard_size
+    (contiguous ranks: put a replica's ranks on one node or one fast domain), shard index =
+    rank % shard_size."""
     if shard_size < 1 or world % shard_size:
         raise ValueError(f"parallel.shard_size={shard_size} does not divide the world size {world}. HINT: pick a divisor of {world}")
     r, s = divmod(rank, shard_size)
     return [r * shard_size + i for i in range(shard_size)], list(range(s, world, shard_size))
 
 
-def form_hsdp_groups(store: Any, gen: int, rank: int, world: int, shard_size: int, host: str, timeout_s: float) -> HSDPGroups:
-    """Generation ``gen``'s two HSDP sub-groups, as gloo groups on sub-prefixes of the job store
-    (``gen<g>/shard<r>``, ``gen<g>/rep<s>``), registered."""
+def form_hsdp_groups(store: Any, gen: int, rank: int, world: int, shard_size: int, host: str, timeout_s: float,
+                     device: Optional[torch.device] = None, backend: Optional[str] = None) -> HSDPGroups:
+    """Generation ``gen``'s two HSDP sub-groups, each formed by ``Communicator.form`` (gloo, or
+    NCCL for a CUDA device) on its own prefix of the job store (``hsdp/shard<r>/gen<g>``,
+    ``hsdp/rep<s>/gen<g>``) and registered as ``gen<g>/shard<r>`` and ``gen<g>/rep<s>``."""
     shard_ranks, rep_ranks = hsdp_layout(rank, world, shard_size)
     r, s = divmod(rank, shard_size)
-    pgs = []
-    for prefix, ranks in ((f"gen{gen}/shard{r}", shard_ranks), (f"gen{gen}/rep{s}", rep_ranks)):
-        opts = dist.ProcessGroupGloo._Options()
-        opts._timeout = timedelta(seconds=timeout_s)
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-        backend = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), ranks.index(rank), len(ranks), opts)
-        pgs.append(register_group(backend, prefix, ranks))
-    return HSDPGroups(pgs[0], pgs[1], s, r)
+    device = device or torch.device("cpu")
+    comms, pgs = [], []
+    for kind, ranks in ((f"shard{r}", shard_ranks), (f"rep{s}", rep_ranks)):
+        comm = Communicator.form(dist.PrefixStore(f"hsdp/{kind}", store), gen, ranks.index(rank), len(ranks), host, timeout_s, device, backend)
+        comms.append(comm)
+        pgs.append(register_group(comm, f"gen{gen}/{kind}", ranks))
+    return HSDPGroups(pgs[0], pgs[1], s, r, comms)
 
 
 # ------------------------------------------------------------------ units
 def default_units(model: nn.Module) -> List[nn.Module]:
-    """Each child holding parameters (containers, ModuleList/ModuleDict/Sequential without own
-    parameters, are opened one level), except children sharing a parameter with another (tied
-    weights stay with the root, their common ancestor)."""
+    """Each child holding parameters (a ModuleList/ModuleDict, or a Sequential without parameters
+    of its own, is opened one level: each layer is a unit), except children sharing a parameter
+    with another unit or with the root (tied weights stay with the root, their common ancestor)."""
     units: List[nn.Module] = []
     for child in model.children():
-        if isinstance(child, (nn.ModuleList, nn.ModuleDict)) or (isinstance(child, nn.Sequential) and not list(child.parameters(recurse=False)) and len(child) > 1 and child is not model):
-            units.extend(c for c in child.children() if any(True for _ in c.parameters()))
-        elif any(True for _ in child.parameters()):
-            units.append(child)
+        container = isinstance(child, (nn.ModuleList, nn.ModuleDict)) or (isinstance(child, nn.Sequential) and not list(child.parameters(recurse=False)))
+        units.extend(c for c in (child.children() if container else [child]) if any(True for _ in c.parameters()))
     owners: Dict[int, int] = {}
     for u in units:
         for p in u.parameters():

@@ -110,7 +110,7 @@ class Rank:
         out = (world_pg, None)
         if self.mode == "hsdp":
             hs = F.form_hsdp_groups(self.store, gen, self.rank, self.world, self.spec["shard_size"], HOST, TIMEOUT_S)
-            self.gen_objs += [hs.shard, hs.replicate]
+            self.gen_objs += hs.groups()
             out = (hs.shard, hs.replicate)
         self.stats.setdefault("form_s", []).append(time.perf_counter() - t0)
         return out
