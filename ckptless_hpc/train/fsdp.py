@@ -465,7 +465,7 @@ def warm_up(
     pg = P.wrap_backend(backend, name, [0], dist.HashStore())
     try:
         model = model_factory()
-        mesh = P.mesh_of(pg, [0], 0, _device_type(model))
+        mesh = P.mesh_of(pg, [0], 0, _device_type(model), dim_name="ckptless_warmup")  # never equal to a real mesh
         t1 = time.perf_counter()
         for unit in default_units(model) if units_fn is None else units_fn(model):
             fully_shard(unit, mesh=mesh)

@@ -11,7 +11,7 @@ training silently on a stale group.
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -81,12 +81,14 @@ def registered(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------- DeviceMesh
-def mesh_of(pg: dist.ProcessGroup, global_ranks: Sequence[int], my_rank: int, device_type: str) -> object:
+def mesh_of(pg: dist.ProcessGroup, global_ranks: Sequence[int], my_rank: int, device_type: str, dim_name: Optional[str] = None) -> object:
     """A 1-D DeviceMesh over ``pg`` that never asks the default group (``DeviceMesh.from_group``
-    does, for the rank): also usable by a spare that has no rank yet."""
+    does, for the rank): also usable by a spare that has no rank yet. Mesh equality (and so
+    DTensor's caches) ignores the group: ``dim_name`` keeps a throwaway mesh apart from real ones."""
     from torch.distributed.device_mesh import DeviceMesh
 
-    mesh = DeviceMesh(device_type, torch.tensor(list(global_ranks), dtype=torch.int), _init_backend=False, _rank=int(my_rank))
+    names = (dim_name,) if dim_name else None
+    mesh = DeviceMesh(device_type, torch.tensor(list(global_ranks), dtype=torch.int), mesh_dim_names=names, _init_backend=False, _rank=int(my_rank))
     rebind_mesh(mesh, pg)
     return mesh
 

@@ -120,6 +120,7 @@ def rebind_and_state() -> dict:
         "registered_gen0": P.registered("gen0"), "full_ok": all(torch.equal(full[n], p.to_local()) for n, p in a.named_parameters()),
         "names": [n for n, _ in ea], "bitwise": [n for (n, x), (_, y) in zip(ea, eb) if not torch.equal(x, y)],
         "same_names": [n for n, _ in ea] == [n for n, _ in eb], "ptrs_ok": ptrs_ok, "errors": errors,
+        "contiguous": all(t.is_contiguous() for _, t in ea),
         "optim_dtensor": sorted({type(v).__name__ for st in ob.state.values() for v in st.values()}),
     }
 

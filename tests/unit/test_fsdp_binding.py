@@ -161,6 +161,7 @@ def test_rebind_unbind_and_own_state_round_trip():
     out = _single("rebind_and_state")
     assert out["group"] == ["gen1"] and not out["registered_gen0"] and out["full_ok"]
     assert out["same_names"] and out["bitwise"] == [] and out["ptrs_ok"]
+    assert out["contiguous"]  # byte views of the entries need no copy
     assert "optim/inp.weight/step" in out["names"] and "buffer/calls" in out["names"]
     assert out["optim_dtensor"] == ["DTensor", "Tensor"]  # moments as DTensors, Adam's step a plain tensor
     errs = out["errors"]
