@@ -4,7 +4,7 @@ loopback, on per-generation groups formed on a TCP store, and can SIGKILL itself
     python fsdp_worker.py '<json spec>'
 
 spec: mode (fsdp|hsdp|ddp), role (rank|spare), rank, world, shard_size, steps, accum, port, dir,
-kill ({"rank", "step", "micro"} or null). Writes into dir: own_<rank>.pt (the committed local
+kill ({"rank", "step", "micro", "phase": backward|forward} or null). Writes into dir: own_<rank>.pt (the committed local
 state after each step, when a kill is planned), final_<rank>.pt (own entries at the end),
 full.pt (rank 0: the gathered parameters), stats_<rank>.json (timings).
 """
@@ -141,8 +141,11 @@ class Rank:
         for m in range(accum):
             if self.binding is not None:
                 self.binding.set_sync(m == accum - 1)
+            here = kill and (kill["rank"], kill["step"], kill["micro"]) == (self.rank, step, m) and self.spec["role"] == "rank"
+            if here and kill.get("phase") == "forward":  # dies inside the forward, between two units
+                self.model.blocks[1].register_forward_pre_hook(lambda mod, args: os.kill(os.getpid(), signal.SIGKILL))
             loss = loss_of(self.model, step, self.rank, m) / accum
-            if kill and (kill["rank"], kill["step"], kill["micro"]) == (self.rank, step, m) and self.spec["role"] == "rank":
+            if here and kill.get("phase", "backward") == "backward":
                 loss.register_hook(lambda g: os.kill(os.getpid(), signal.SIGKILL))  # dies as backward starts
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         if self.binding is None:  # the plain data-parallel equivalent: one flat allreduce
@@ -198,8 +201,7 @@ class Rank:
                 del objs
                 self.store.set("failed", str(step))
                 gen += 1
-                shard_pg, rep_pg = self.groups(gen)
-                self.stats["rebind_s"] = self.binding.rebind(shard_pg, rep_pg)
+                self.stats["rebind_s"] = self.binding.rebind(*self.groups(gen))  # no local keeps a group alive
                 self.stats["recover_s"] = time.perf_counter() - t1
                 self.serve(kill)
                 continue

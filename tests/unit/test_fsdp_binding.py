@@ -1,7 +1,7 @@
 """FSDP2 and HSDP on per-generation gloo groups (ckptless_hpc.train.fsdp), with real processes
 on loopback: sharded training is reproducible bitwise and matches a plain single-process
 reference (within float tolerance: not bitwise, the reduction order differs); a rank SIGKILLed
-in backward is replaced by a warmed hot spare that loads the dead rank's local shard (FSDP: its
+in backward (or forward) is replaced by a warmed hot spare that loads the dead rank's local shard (FSDP: its
 last committed own_entries; HSDP: the same shard index of the other replica, live) while the
 survivors reset, re-bind to generation 1 in the same process, and redo the step: every rank
 ends bitwise equal to the fault-free run; the same with gradient accumulation (set_sync) and
@@ -93,13 +93,14 @@ def test_fsdp_reproducible_and_matches_reference(fsdp_clean, tmp_path):
     _figures("fsdp", fsdp_clean, 3)
 
 
-def test_fsdp_rank_killed_in_backward_replaced_by_warm_spare(fsdp_clean, tmp_path):
-    d = _run(tmp_path, "fsdp", 3, kill={"rank": 1, "step": 3, "micro": 0})
+@pytest.mark.parametrize("phase", ["backward", "forward"])
+def test_fsdp_rank_killed_mid_step_replaced_by_warm_spare(fsdp_clean, tmp_path, phase):
+    d = _run(tmp_path, "fsdp", 3, kill={"rank": 1, "step": 3, "micro": 0, "phase": phase})
     _assert_bitwise(fsdp_clean, d, 3)
     stats = _stats(d, 3)
     assert all("error" in stats[r] and "rebind_s" in stats[r] for r in (0, 2)), stats
     assert "warm_up" in stats[1] and "load_s" in stats[1]
-    _figures("fsdp kill", d, 3)
+    _figures(f"fsdp kill in {phase}", d, 3)
 
 
 def test_hsdp_rank_killed_recovered_from_other_replica(tmp_path):
