@@ -402,46 +402,44 @@ def load_own(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], entri
     another replica) into this rank's existing local tensors, in place. Optimizer state missing
     here (a fresh optimizer) is created first, explicitly: a tensor shaped like the parameter's
     local shard becomes a DTensor like the parameter (``zeros_like``), anything else a plain
-    tensor; no optimizer step runs. Every entry must land and every tensor must get one."""
+    tensor; no optimizer step runs. Every entry must land and every tensor must get one; all is
+    checked before anything is written (a refused load changes nothing)."""
     named = dict(entries)
     if len(named) != len(entries):
         raise ValueError("load_own: duplicate entry names")
     params = dict(model.named_parameters())
-    buffers = dict(model.named_buffers())
-    with torch.no_grad():
-        if optimizer is not None:
-            _create_missing_state(optimizer, params, named)
-        expected = [n for n, _ in own_entries(model, optimizer)]
-        missing, extra = sorted(set(expected) - set(named)), sorted(set(named) - set(expected))
-        if missing or extra:
-            raise ValueError(f"load_own: entries do not match this model/optimizer: missing {missing[:5]}, unknown {extra[:5]}. HINT: the entries must come from the same model and optimizer, at the same shard index")
-        for name, dst in own_entries(model, optimizer):
-            src = named[name]
-            if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
-                raise ValueError(
-                    f"load_own: {name}: the entry is {tuple(src.shape)} {src.dtype}, this rank's tensor {tuple(dst.shape)} {dst.dtype}. "
-                    "HINT: the entries must come from the same shard index, world/shard size and precision"
-                )
-            dst.copy_(src)
-    del params, buffers
-
-
-def _create_missing_state(optimizer: torch.optim.Optimizer, params: Dict[str, nn.Parameter], named: Dict[str, torch.Tensor]) -> None:
+    targets = dict(own_entries(model, optimizer))
+    create, unknown = [], []
     for name, t in named.items():
-        if not name.startswith("optim/"):
+        if name in targets:
             continue
-        fqn, key = name[len("optim/"):].rsplit("/", 1)
-        p = params.get(fqn)
-        if p is None:
-            continue  # reported as unknown by the caller
-        state = optimizer.state[p]
-        if key in state and state[key] is not None:
-            continue
-        local = _local(p.detach())
-        if t.dim() > 0 and tuple(t.shape) == tuple(local.shape):
-            state[key] = torch.zeros_like(p.detach(), dtype=t.dtype)
+        fqn, _, key = name[len("optim/"):].rpartition("/")
+        if name.startswith("optim/") and optimizer is not None and fqn in params:
+            create.append((params[fqn], key, t))
         else:
-            state[key] = torch.zeros_like(t, device=local.device if t.dim() > 0 else t.device)
+            unknown.append(name)
+    missing = sorted(n for n in targets if n not in named)
+    if unknown or missing:
+        raise ValueError(
+            f"load_own: entries do not match this model/optimizer: missing {missing[:5]}, unknown {sorted(unknown)[:5]}. "
+            "HINT: the entries must come from the same model and optimizer, at the same shard index"
+        )
+    for name, dst in targets.items():
+        src = named[name]
+        if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
+            raise ValueError(
+                f"load_own: {name}: the entry is {tuple(src.shape)} {src.dtype}, this rank's tensor {tuple(dst.shape)} {dst.dtype}. "
+                "HINT: the entries must come from the same shard index, world/shard size and precision"
+            )
+    with torch.no_grad():
+        for p, key, t in create:
+            local = _local(p.detach())
+            if t.dim() > 0 and tuple(t.shape) == tuple(local.shape):
+                optimizer.state[p][key] = torch.zeros_like(p.detach(), dtype=t.dtype)  # type: ignore[union-attr]
+            else:
+                optimizer.state[p][key] = torch.zeros_like(t, device=local.device if t.dim() > 0 else t.device)  # type: ignore[union-attr]
+        for name, dst in own_entries(model, optimizer):
+            dst.copy_(named[name])
 
 
 # ------------------------------------------------------------------ hot-spare warm-up

@@ -108,8 +108,9 @@ def rebind_and_state() -> dict:
         step(b_model, bb, ob, s)
     ea, eb = F.own_entries(a, oa), F.own_entries(b_model, ob)
     errors = {}
+    before = [t.clone() for _, t in F.own_entries(b_model, ob)]
     for what, ents_bad in {"missing": ents[1:], "unknown": ents + [("param/nope", torch.zeros(1))],
-                           "shape": [(n, t if n != "param/inp.weight" else t[:1]) for n, t in ents]}.items():
+                           "shape": [(n, t + 1 if n != "param/inp.weight" else t[:1]) for n, t in ents]}.items():
         try:
             F.load_own(b_model, ob, ents_bad)
             errors[what] = "no error"
@@ -121,6 +122,7 @@ def rebind_and_state() -> dict:
         "names": [n for n, _ in ea], "bitwise": [n for (n, x), (_, y) in zip(ea, eb) if not torch.equal(x, y)],
         "same_names": [n for n, _ in ea] == [n for n, _ in eb], "ptrs_ok": ptrs_ok, "errors": errors,
         "contiguous": all(t.is_contiguous() for _, t in ea),
+        "unchanged_after_refusals": all(torch.equal(x, y) for x, (_, y) in zip(before, F.own_entries(b_model, ob))),
         "optim_dtensor": sorted({type(v).__name__ for st in ob.state.values() for v in st.values()}),
     }
 

@@ -168,6 +168,7 @@ def test_rebind_unbind_and_own_state_round_trip():
     errs = out["errors"]
     assert "missing ['param/inp.weight']" in errs["missing"] and "unknown ['param/nope']" in errs["unknown"]
     assert "the entry is (1, 12)" in errs["shape"]
+    assert out["unchanged_after_refusals"]  # checked before anything is written
     print(f"rebind: first {out['rebind_first_s'] * 1e3:.3f} ms, median {out['rebind_median_s'] * 1e3:.3f} ms")
 
 
