@@ -35,6 +35,7 @@ from ..state.snapshot import Entries, Piece, apply_state, collect_state
 from ..tasks.base import set_lr
 from .data import Feed, forward_seed, make_feed
 from .replicated import BucketedGrads, BufferSync
+from .fsdp_strategy import FSDPStrategy
 from .zero import ZeroPartition
 
 PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -85,18 +86,18 @@ class Engine:
         self.model = task.build_model().to(device)
         _refuse_sync_batchnorm(self.model)
         self.mode = str(cfg.parallel.mode) if "parallel" in cfg else "ddp"
-        if self.mode not in ("ddp", "zero"):
-            raise ValueError(f"parallel.mode={self.mode} is not available in this build. HINT: use parallel=ddp or parallel=zero")
         self.optimizer = task.build_optimizer(self.model, cfg.optim)
         self.zero: Optional[ZeroPartition] = None  # parallel=zero: built once the rank is known
         self.scheduler = _build_scheduler(task, self.optimizer, cfg) if self.mode == "ddp" else None
+        self.fsdp: Optional[FSDPStrategy] = FSDPStrategy(self) if self.mode in ("fsdp", "hsdp") else None
         self.amp_dtype = PRECISIONS[t.precision]
         self.scaler = torch.amp.GradScaler(device.type) if t.precision == "fp16" else None
         params = [p for p in self.model.parameters() if p.requires_grad]
         if not params:
             raise ValueError(f"{type(task).__name__}.build_model() has no trainable parameters. HINT: leave requires_grad=True on what should train")
         self.n_params = sum(p.numel() for p in params)
-        self.grads = BucketedGrads(params, int(float(t.bucket_mb) * (1 << 20)), device)
+        # FSDP2 reduces its own gradients; the replicated strategy and ZeRO use fixed buckets
+        self.grads = BucketedGrads(params, int(float(t.bucket_mb) * (1 << 20)), device) if self.fsdp is None else None
         self.buffers = BufferSync(self.model)
         self._loss_sum = torch.zeros(1, dtype=torch.float64, device=device)
         self.skipped: Dict[str, int] = {"nonfinite": 0, "overflow": 0}
@@ -115,7 +116,10 @@ class Engine:
         if self.mode == "zero" and self.zero is None:
             self.zero = ZeroPartition(self.model, self.optimizer, self.world, rank)
             self.optimizer = self.zero.optimizer
-            self.scheduler = _build_scheduler(self.task, self.optimizer, self.cfg)
+            self.scheduler = self.build_scheduler()
+
+    def build_scheduler(self) -> Any:
+        return _build_scheduler(self.task, self.optimizer, self.cfg)
 
     def bind(self, comm: Any) -> None:
         """Train with this generation's communicator from now on (same rank numbers)."""
@@ -124,8 +128,27 @@ class Engine:
         self.feed.bind(comm.rank)
         if self.zero is not None:
             self.zero.stale = True  # the other owners' parameters come at the next step's start
+        if self.fsdp is not None:
+            self.fsdp.bind(comm)
+
+    def release(self, comm: Any) -> List[Any]:
+        """After a failed step: what of this generation must be let go of at once (FSDP: its
+        groups, wherever referenced); empty for the modes whose groups retire later."""
+        if self.fsdp is None:
+            return []
+        self.comm = None
+        return self.fsdp.release(comm)
 
     # ------------------------------------------------------------------ one step
+    def seed(self, step: int, rank: int, micro: int) -> None:
+        forward_seed(self.cfg.train.seed, step, rank, micro)
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        self._loss_sum += loss.detach().to(torch.float64)
+
+    def autocast(self) -> Any:
+        return self._autocast()
+
     def _autocast(self) -> Any:
         if self.amp_dtype is None:
             return torch.autocast(self.device.type, enabled=False)
@@ -134,28 +157,40 @@ class Engine:
     def step(self, step: int, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> StepResult:
         comm, t = self.comm, self.cfg.train
         self.model.train()
-        self.grads.zero()
+        if self.grads is not None:
+            self.grads.zero()
         self._loss_sum.zero_()
         if self.buffers:
             self.buffers.save()
         if self.zero is not None and self.zero.stale:  # the owners' parameters of the last step
             wait(self.zero.launch_sync(comm))
             self.zero.land_sync()
+        norm = None
         try:
-            futures = self._forward_backward(step, comm)
-            on_backward()
-            futures = self.grads.launch_rest() + [comm.allreduce(self._loss_sum)] + futures
-            self.grads.disarm()
+            if self.fsdp is not None:
+                futures = self.fsdp.forward_backward(step, comm)
+                on_backward()
+                futures = [comm.allreduce(self._loss_sum)] + futures
+            else:
+                futures = self._forward_backward(step, comm)
+                on_backward()
+                futures = self.grads.launch_rest() + [comm.allreduce(self._loss_sum)] + futures
+                self.grads.disarm()
             wait(futures)
+            if self.fsdp is not None:  # a collective too: inside the step, which it can fail
+                norm = self.fsdp.grad_norm()
             if self.buffers:
                 self.buffers.land()
         except BaseException:
-            self.grads.disarm()
             self.buffers.restore()
-            self.grads.renew()  # the failed generation's operations may still write into the old memory
+            if self.fsdp is not None:
+                self.fsdp.discard()
+            else:
+                self.grads.disarm()
+                self.grads.renew()  # the failed generation's operations may still write into the old memory
             self._loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
             raise
-        return self._update(step, comm.world * self.micro_batches, t)
+        return self._update(step, comm.world * self.micro_batches, t, norm)
 
     def _forward_backward(self, step: int, comm: Any) -> List[Any]:
         broadcasts: List[Any] = []
@@ -176,19 +211,21 @@ class Engine:
     def _lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def _update(self, step: int, n: int, t: Any) -> StepResult:
-        self.grads.divide(n)
+    def _update(self, step: int, n: int, t: Any, norm: Optional[torch.Tensor] = None) -> StepResult:
+        if self.grads is not None:  # FSDP has averaged over the ranks (and the micro-batches: loss / K)
+            self.grads.divide(n)
         loss = float(self._loss_sum) / n
         if not math.isfinite(loss):
             return self._nonfinite(step, t, loss, float("nan"))
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        norm = self.grads.total_norm()
+        if norm is None:
+            norm = self.grads.total_norm()
         grad_norm = float(norm)
         if self.scaler is None and not math.isfinite(grad_norm):
             return self._nonfinite(step, t, loss, grad_norm)
         if t.clip_grad_norm is not None:
-            self.grads.clip(float(t.clip_grad_norm), norm)
+            (self.fsdp or self.grads).clip(float(t.clip_grad_norm), norm)
         if self.scheduler is None:
             set_lr(self.optimizer, self.cfg.optim, step, t.steps)
         lr = self._lr()
@@ -237,16 +274,26 @@ class Engine:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "skipped": dict(self.skipped),
         }
+        if self.fsdp is not None:
+            return self.fsdp.collect(step, extra)
         keys = self.zero.model_keys if self.zero is not None else None
         return collect_state(self.model, self.optimizer, self.task, step, extra, model_keys=keys)
 
     def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False) -> None:
         """Load a state (a shard, in a sharded mode) into this rank. The optimizer keeps the
         tensors it is given: ``copy`` for buffers the caller reuses (a snapshot)."""
-        if copy:
-            entries = [(n, t.clone()) for n, t in entries]
-        keys = self.zero.model_keys if self.zero is not None else None
-        apply_state(self.model, self.optimizer, self.task, entries, meta, model_keys=keys)
+        if self.fsdp is not None:  # copied in place: nothing is aliased
+            self.fsdp.apply(entries, meta)
+            if self.fsdp.binding is None:  # all of it once sharded, at its first bind
+                return
+        else:
+            if copy:
+                entries = [(n, t.clone()) for n, t in entries]
+            keys = self.zero.model_keys if self.zero is not None else None
+            apply_state(self.model, self.optimizer, self.task, entries, meta, model_keys=keys)
+        self.apply_meta(meta)
+
+    def apply_meta(self, meta: Dict[str, Any]) -> None:
         if self.zero is not None:
             self.zero.stale = True
         if self.scheduler is not None and meta.get("scheduler") is not None:

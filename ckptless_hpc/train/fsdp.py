@@ -315,6 +315,7 @@ class FSDPBinding:
         every gradient dropped (the step is redone from the committed state). Buffers the failed
         forward changed are the caller's to put back."""
         self.model.reset_iter_state()  # type: ignore[operator]
+        P.drop_unsharded_grads(self.model)  # reset_iter_state leaves the no-sync accumulation of the unsharded parameters
         for p in self.model.parameters():
             p.grad = None
         self.set_sync(True)

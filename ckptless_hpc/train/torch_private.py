@@ -149,6 +149,25 @@ def mesh_infos(model: torch.nn.Module) -> List[object]:
     return list(seen.values())
 
 
+def drop_unsharded_grads(model: torch.nn.Module) -> int:
+    """Drop the gradients FSDP accumulates on the unsharded parameters between the micro-batches
+    of a step (``set_requires_gradient_sync(False)``): ``reset_iter_state()`` in torch 2.13
+    discards the reduce-scatter state but leaves these, so a step redone after a failure in its
+    last micro-batch would add the failed attempt's earlier micro-batches again. Returns how many
+    were dropped."""
+    n = 0
+    for group in param_groups(model):
+        for fp in group.fsdp_params:  # type: ignore[attr-defined]
+            if fp.unsharded_accumulated_grad is not None:
+                fp.unsharded_accumulated_grad = None
+                n += 1
+            unsharded = getattr(fp, "_unsharded_param", None)
+            if unsharded is not None and unsharded.grad is not None:
+                unsharded.grad = None
+                n += 1
+    return n
+
+
 def set_shard_group(info: object, pg: dist.ProcessGroup) -> None:
     """FSDP's all-gathers and reduce-scatters read these at each call."""
     info.shard_process_group = pg  # type: ignore[attr-defined]

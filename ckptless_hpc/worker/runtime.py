@@ -39,6 +39,7 @@ from .shard_copies import ShardCopies
 from ..train import cuda
 from ..train.comm import Communicator, DeadlineExceeded, Retired, connect_store, resources, within
 from ..train.engine import Engine, StepResult
+from ..train.fsdp_strategy import StepFailed
 from . import last_resort
 from .control import ControlClient, exit_now
 
@@ -136,7 +137,7 @@ class Worker:
         self.client.send(
             {
                 "type": "built", "state_port": self.server.port, "pid": os.getpid(), "state_bytes": self.state_bytes, "params": self.n_params,
-                "buckets": len(self.engine.grads.buckets), "buffers": sum(len(b) for _, b in self.engine.buffers.groups),
+                "buckets": len(self.engine.grads.buckets) if self.engine.grads is not None else 0, "buffers": sum(len(b) for _, b in self.engine.buffers.groups),
             }
         )
 
@@ -165,6 +166,9 @@ class Worker:
         self.server = StateServer(self.host, self.secret, self._provide, describe=f"[{self.node}] ", receiver=receiver)
         self.step = 0  # a freshly built model is the state of step 0 on every worker (seeded init)
         self.arena: Optional[Arena] = None
+        if self.hot_spare and self.engine.fsdp is not None:  # its first real fully_shard is then fast (docs/sharding.md)
+            warm = self.engine.fsdp.warm_up()
+            log.info("pre-warmed FSDP2 in %.2fs (fully_shard %.3fs)", warm["total_s"], warm["fully_shard_s"])
         if self.hot_spare:  # an idle spare pre-faults the memory it will receive its state into
             # model + two optimizer moments (AdamW) + a margin; the rest would land in fresh memory
             threading.Thread(target=lambda: setattr(self, "arena", Arena(3 * self.state_bytes + (1 << 20), pinned=self.device.type == "cuda")), daemon=True).start()
@@ -388,7 +392,13 @@ class Worker:
             host, _, port = self.store_addr.rpartition(":")
             store = connect_store(host, int(port), self.secret, self.cfg.cluster.recovery_timeout_s)
             self._retired.keep(gen, store)
-            return Communicator.form(store, gen, self.rank, self.world, self.host, self.cfg.cluster.collective_timeout_s, self.device, self.backend)
+            comm = Communicator.form(store, gen, self.rank, self.world, self.host, self.cfg.cluster.collective_timeout_s, self.device, self.backend)
+            if self.engine.mode == "hsdp":  # the shard and replicate groups of this generation (train/fsdp.py)
+                from ..train.fsdp import form_hsdp_groups
+
+                p = self.cfg.parallel
+                comm.hsdp = form_hsdp_groups(store, gen, self.rank, self.world, int(p.shard_size), self.host, self.cfg.cluster.collective_timeout_s, self.device, self.backend)
+            return comm
         finally:
             self._retired.forming(gen, False)
 
@@ -399,10 +409,15 @@ class Worker:
         comm, self.comm = self.comm, None
         if comm is None:
             return
-        self._retired.keep(comm.gen, comm)
         deadline = self.cfg.cluster.abort_timeout_s
         try:
             comm.release(deadline)
+            if self.engine.fsdp is not None:  # destroyed at once: a peer blocked with us in a group that did not fail here is released only then
+                from ..train.fsdp import release_in_background
+
+                release_in_background(self.engine.release(comm))
+            else:
+                self._retired.keep(comm.gen, comm)
             if self.device.type == "cuda":
                 within(lambda: torch.cuda.synchronize(self.device), deadline, "CUDA stream check")
         except DeadlineExceeded as e:
@@ -428,7 +443,7 @@ class Worker:
         except Aborted:
             self._abandon_group()
             return
-        except CollectiveError as e:
+        except (CollectiveError, StepFailed) as e:
             self._abandon_group()
             log.warning("collective failed at step %d: %s", self.step, e)
             self.training = False

@@ -66,6 +66,9 @@ def test_fsdp2_internals():
         assert attr in group_src, attr
     param_src = inspect.getsource(_fsdp_param.FSDPParam)
     assert "self.mesh_info" in param_src and "self.post_forward_mesh_info" in param_src
+    # drop_unsharded_grads: where FSDP accumulates no-sync gradients, and that reset_iter_state leaves them
+    assert "self.unsharded_accumulated_grad" in param_src and "self._unsharded_param.grad" in param_src
+    assert "unsharded_param.grad = None" not in inspect.getsource(_fsdp_param_group.FSDPParamGroup._reset_iter_state)
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
 
     assert "_fsdp_param_groups" in inspect.getsource(FSDPState)

@@ -1,0 +1,165 @@
+"""``parallel=fsdp|hsdp`` in the engine: FSDP2 over each generation's group(s), bound once and
+re-bound at every later generation (:mod:`.fsdp`), and this rank's shard as state.
+
+The model is built (seeded, the same everywhere) with the engine and sharded when the process
+first gets its rank and a group; the optimizer and the scheduler are built then, over the
+sharded (DTensor) parameters. A state that arrives before that (a promoted spare fetches its
+shard before the generation's group exists) is applied right after the sharding. A hot spare
+pre-warms ``fully_shard`` on a private 1-rank group while it waits.
+
+A step: FSDP2's all-gathers and reduce-scatters run inside forward and backward (synchronous:
+a peer's death raises there); gradients are averaged over the ranks by FSDP (HSDP: over the
+shard group, then across replicas by the all-reduce hook), and accumulated micro-batches are
+reduced once, on the last (``set_requires_gradient_sync``). A failed step resets FSDP's
+per-iteration state and drops the gradients; the failed generation's groups are released at once
+(:func:`.fsdp.release_in_background`): a peer blocked with this rank in a group that did not
+fail here (HSDP's cross-replica all-reduce) is released only when the group is destroyed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+
+from . import fsdp
+from ..state.snapshot import Entries
+
+
+class StepFailed(RuntimeError):
+    """A collective inside FSDP's forward/backward failed (a peer died or its group was released)."""
+
+
+def _is_comm_error(e: BaseException) -> bool:
+    if isinstance(e, getattr(torch.distributed, "DistError", ())):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(s in text for s in ("gloo", "Gloo", "Connection closed", "Connection reset", "NCCL", "no group"))
+
+
+class FSDPStrategy:
+    def __init__(self, engine: Any) -> None:
+        self.e = engine
+        self.binding: Optional[fsdp.FSDPBinding] = None
+        self._pending: Optional[Tuple[Entries, Dict[str, Any]]] = None
+        self.warm: Dict[str, float] = {}
+
+    # ------------------------------------------------------------------ set-up
+    def warm_up(self) -> Dict[str, float]:
+        """A hot spare's throwaway shard + step (its real first ``fully_shard`` is then fast)."""
+        e = self.e
+        batch = e.feed.batches.batch(0, 0, 0)
+        self.warm = fsdp.warm_up(
+            e.task.build_model, lambda m: e.task.loss(m, batch), lambda m: e.task.build_optimizer(m, e.cfg.optim),
+            units_fn=lambda m: fsdp.units_for(e.task, m),
+        )
+        return self.warm
+
+    def groups(self, comm: Any) -> Tuple[Any, Any]:
+        if self.e.mode == "hsdp":
+            return comm.hsdp.shard, comm.hsdp.replicate
+        return fsdp.register_group(comm), None
+
+    def bind(self, comm: Any) -> None:
+        e = self.e
+        pg, rep = self.groups(comm)
+        if self.binding is not None:
+            self.binding.rebind(pg, rep)
+            return
+        fsdp.stable_default_group(comm.rank, comm.world)
+        self.binding = fsdp.FSDPBinding.shard(e.model, pg, rep, units=fsdp.units_for(e.task, e.model), rank=comm.rank)
+        e.optimizer = e.task.build_optimizer(e.model, e.cfg.optim)
+        e.scheduler = e.build_scheduler()
+        if self._pending is not None:
+            entries, meta = self._pending
+            self._pending = None
+            self.apply(entries, meta)
+            e.apply_meta(meta)
+
+    def release(self, comm: Any) -> List[Any]:
+        """What the failed generation holds, for release_in_background (nothing may keep it)."""
+        objs = self.binding.unbind() if self.binding is not None else []
+        objs.append(comm)
+        hs = getattr(comm, "hsdp", None)
+        if hs is not None:
+            objs += hs.groups()
+            comm.hsdp = None
+        return objs
+
+    # ------------------------------------------------------------------ one step
+    def forward_backward(self, step: int, comm: Any) -> List[Any]:
+        e = self.e
+        assert self.binding is not None
+        e.optimizer.zero_grad(set_to_none=True)
+        k = e.micro_batches
+        broadcasts: List[Any] = []
+        try:
+            for micro in range(k):
+                batch = e.feed.get(step, micro)
+                e.seed(step, comm.rank, micro)
+                last = micro == k - 1
+                self.binding.set_sync(last)
+                with e.autocast():
+                    loss = e.task.loss(e.model, batch)
+                if last and e.buffers:
+                    broadcasts = e.buffers.launch(comm)
+                e.add_loss(loss)
+                (loss / k if k > 1 else loss).backward()
+        except Exception as err:
+            if _is_comm_error(err):
+                raise StepFailed(f"step {step}: {err}") from None
+            raise
+        return broadcasts
+
+    def grad_norm(self) -> torch.Tensor:
+        assert self.binding is not None
+        try:
+            return self.binding.grad_norm()
+        except Exception as err:
+            if _is_comm_error(err):
+                raise StepFailed(f"gradient norm: {err}") from None
+            raise
+
+    def clip(self, max_norm: float, norm: torch.Tensor) -> None:
+        assert self.binding is not None
+        self.binding.clip(max_norm, norm)
+
+    def discard(self) -> None:
+        if self.binding is not None:
+            self.binding.reset()
+
+    # ------------------------------------------------------------------ state
+    def collect(self, step: int, extra: Dict[str, Any]) -> Tuple[Entries, Dict[str, Any]]:
+        e = self.e
+        entries = fsdp.own_entries(e.model, e.optimizer if self.binding is not None else None)
+        task_scalars: Dict[str, Any] = {}
+        for k, v in sorted((e.task.state_dict() or {}).items()):
+            if torch.is_tensor(v):
+                entries.append((f"task/{k}", v))
+            else:
+                task_scalars[k] = v
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in e.optimizer.param_groups]
+        meta = {"step": step, "hyper": hyper, "task_scalars": task_scalars, **extra}
+        try:
+            return entries, json.loads(json.dumps(meta))
+        except (TypeError, ValueError) as err:
+            raise ValueError(
+                f"the training state's metadata cannot be carried to a replacement ({err}). HINT: param groups, a scheduler's "
+                "and a task's state_dict() may hold only numbers, strings, lists and dicts besides tensors"
+            ) from None
+
+    def apply(self, entries: Entries, meta: Dict[str, Any]) -> None:
+        e = self.e
+        if self.binding is None:  # a promoted spare: sharded (and given its optimizer) at its first bind
+            self._pending = (entries, meta)
+            return
+        own = [(n, t) for n, t in entries if not n.startswith("task/")]
+        fsdp.load_own(e.model, e.optimizer, own)
+        task_sd: Dict[str, Any] = dict(meta.get("task_scalars", {}))
+        task_sd.update({n[len("task/"):]: t for n, t in entries if n.startswith("task/")})
+        if task_sd:
+            e.task.load_state_dict(task_sd)
+        for g, h in zip(e.optimizer.param_groups, meta.get("hyper", [])):
+            for k, v in h.items():
+                g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
