@@ -80,7 +80,7 @@ def run(bench: Any) -> Dict[str, Any]:
         for size in p.b8_recover_sizes:
             res["recover"].append(recover(bench, mode, size, p.b8_recover_steps, p.b8_recover_steps // 2))
     if "hsdp" in p.b8_modes_available:
-        res["hsdp_vs_ddp"] = hsdp_vs_ddp(bench, p.b8_size, p.b8_recover_steps, p.b8_recover_steps // 2, p.b8_reps)
+        res["hsdp_vs_ddp"] = hsdp_vs_ddp(bench, p.b8_recover_sizes[0], p.b8_recover_steps, p.b8_recover_steps // 2, p.b8_reps)
     return res
 
 

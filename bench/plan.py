@@ -87,6 +87,7 @@ FULL = Plan(
     b5_size="default", b5_nodes=(2, 4, 8), b5_steps=40, b5_fault_step=20, b5_reps=2,
     b6_size="default", b6_interval_s=60.0, b6_failures=2,
     b8_size="100M", b8_steps=16, b8_reps=2, b8_factors=(1, 2), b8_recover_sizes=("10M", "100M"), b8_recover_steps=10,
+    b8_modes=("zero", "fsdp"), b8_modes_available=("zero", "fsdp", "hsdp"),
 )
 
 PLANS = {"quick": QUICK, "full": FULL}
