@@ -24,7 +24,7 @@ from .. import protocol
 from . import host, inbox, messages
 from .channel import Channel, Endpoints
 from .ending import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, Ending
-from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, Metrics, NonFinite, Ready, Saved, StartupError, TransferFailed
+from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, LoadFailed, Metrics, NonFinite, Ready, Saved, SaveFailed, StartupError, TransferFailed
 from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink, goodput
 from ..progress import LogTail, Progress, Snapshot
 from ..faults import KILLS, faults_from_config, spare_fault_due
@@ -87,6 +87,7 @@ class Coordinator(Channel, Ending):
         self._start_failures: Dict[str, int] = {}  # worker -> generations it could not start, this recovery
         self.saved: Optional[Dict[str, Any]] = None
         self.shard_saves: Dict[int, Dict[str, Any]] = {}  # sharded emergency copy: shard -> its file
+        self.save_error: Optional[str] = None  # the emergency copy could not be written (why)
         self.save_requested: Optional[str] = None  # preemption / time limit: save once, then requeue
         self.cancel_requested: Optional[str] = None  # SIGTERM / SIGINT / ckptless-hpc cancel
         self.resume: Optional[Dict[str, Any]] = None  # emergency copy to start from (after a requeue)
@@ -225,8 +226,14 @@ class Coordinator(Channel, Ending):
             self.shard_saves[m.shard] = {"path": m.path, "step": m.step, "sha256": m.sha256}
             self._emit("state_saved", rec, step=m.step, path=m.path, shard=m.shard)
         elif isinstance(m, Saved):
-            self.saved = {"path": m.path, "step": m.step, "sha256": m.sha256}
-            self._emit("state_saved", rec, step=m.step, path=m.path)
+            self.saved = {"path": m.path, "step": m.step, "sha256": m.sha256, "bytes": m.bytes, "written": m.written is not False}
+            self._emit("state_saved" if m.written is not False else "state_kept", rec, step=m.step, path=m.path, bytes=m.bytes)
+        elif isinstance(m, SaveFailed):
+            self.save_error = m.error
+            self._emit("save_failed", rec, step=m.step, path=m.path, error=m.error)
+        elif isinstance(m, LoadFailed):
+            self.fatal = self.fatal or f"the requeued job cannot resume: {m.error}"
+            self._emit("load_failed", rec, path=m.path, error=m.error)
         elif isinstance(m, NonFinite):
             if self.nonfinite is None:
                 self.nonfinite = {"step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "rank": m.rank, "held": m.held, "worker": rec.wid, "node": rec.node}

@@ -25,7 +25,6 @@ def run(
 
     env = SlurmEnvironment()
     state_dir = os.path.join(run_dir, "state")
-    os.makedirs(state_dir, exist_ok=True)
     lock = os.path.join(state_dir, f"last-resort-{env.restart_count}.lock")
     spare = rank is None or step is None
     if spare:
@@ -33,12 +32,19 @@ def run(
         while time.monotonic() < deadline and not os.path.exists(lock):
             time.sleep(0.2)
     try:
+        os.makedirs(state_dir, exist_ok=True)
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.write(fd, f"{node} {os.getpid()} {'spare' if spare else f'rank {rank}'}\n".encode())
+        os.close(fd)
     except FileExistsError:
         log.info("another worker writes the last-resort copy and requeues")
         return
-    os.write(fd, f"{node} {os.getpid()} {'spare' if spare else f'rank {rank}'}\n".encode())
-    os.close(fd)
+    except OSError as e:
+        log.error(
+            "cannot claim %s (%s): nothing can be saved in %s; the job is left to Slurm (its time limit). "
+            "HINT: the run dir must be writable from every node (hydra.run.dir on a shared, writable filesystem)", lock, e.strerror, state_dir,
+        )
+        return
     restart_path = os.path.join(run_dir, "restart.json")
     try:
         with open(restart_path, encoding="utf-8") as f:
@@ -49,13 +55,26 @@ def run(
         saved = restart.get("saved")
         log.error("no rank survived the coordinator: requeueing; the job restarts from %s", f"the copy of step {saved['step']}" if saved else "step 0 (no copy was ever written)")
     else:
-        saved = restart["saved"] = save(os.path.join(state_dir, "emergency.pt"))
+        saved = _save_or_keep(save, os.path.join(state_dir, "emergency.pt"), restart.get("saved"))
+        restart["saved"] = saved
         restart["faults_done"] = sorted(set(restart.get("faults_done", [])) | faults_done)
     restart["excluded_nodes"] = sorted(set(restart.get("excluded_nodes", [])) | set(filter(None, [restart.get("batch_node")])))
     with open(restart_path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(restart, f, indent=2)
     os.replace(restart_path + ".tmp", restart_path)
     requeue_or_cancel(env, saved, max_requeues, run_dir)
+
+
+def _save_or_keep(save: Callable[[str], Dict[str, Any]], path: str, previous: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """This rank's copy (or the newer one already there); if it cannot be written (a full disk,
+    a read-only run dir), the previous copy, untouched, is what the restart resumes from."""
+    from ..state.emergency import EmergencyCopyError
+
+    try:
+        return save(path)
+    except EmergencyCopyError as e:
+        log.error("%s The restart resumes from %s", e, f"the previous copy of step {previous['step']}" if previous else "step 0 (no copy was ever written)")
+        return previous
 
 
 def requeue_or_cancel(env: Any, saved: Optional[Dict[str, Any]], max_requeues: int, run_dir: str) -> None:
