@@ -28,7 +28,7 @@ from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, LoadFailed, 
 from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink, goodput
 from ..progress import LogTail, Progress, Snapshot
 from ..faults import KILLS, faults_from_config, spare_fault_due
-from .detector import StallMeter, silent_workers, stragglers
+from .detector import StallMeter, StragglerWindow, silent_workers
 from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec, loss_kind
 from .planner import by_node, initial_ranks, plan_recovery, plan_sharded_recovery
 from .sharding import Layout, inventories
@@ -72,6 +72,7 @@ class Coordinator(Channel, Ending):
         self._injected: Set[int] = set()
         self._doomed: Set[str] = set()  # spares told to fire a fault: never promoted (their death may land late)
         self.slow_ranks: Dict[int, float] = {}
+        self.straggling = StragglerWindow()  # compute times per worker, from heartbeats (detector.py)
         self.fault_times: List[float] = []
         self.steps = StepLog()  # bounded: nothing here grows with the number of steps
         self._census: tuple = (-1.0, 0, 0)  # (when, alive ranks, spares), for the progress line
@@ -371,11 +372,12 @@ class Coordinator(Channel, Ending):
             self._lost(self.workers[wid], reason)
 
     def _watch_stragglers(self) -> None:
-        times = {self.workers[w].rank: self.workers[w].compute_s for w in self.ranks.values() if self.workers[w].role == "active"}
-        slow = stragglers(times, self.cfg.cluster.straggler_factor)
+        active = {r: w for r, w in self.ranks.items() if self.workers[w].role == "active"}
+        slow = self.straggling.judge(active, self.cfg.cluster.straggler_factor, self.slow_ranks)
         for r, ratio in slow.items():
             if r not in self.slow_ranks:
-                self._emit("straggler", self.workers[self.ranks[r]], ratio=round(ratio, 2), compute_s=times[r])
+                median = self.straggling.times[active[r]]
+                self._emit("straggler", self.workers[active[r]], ratio=round(ratio, 2), compute_s=median, window=self.straggling.size)
                 log.warning("rank %d is a straggler: %.1fx slower than the typical rank (reported, not failed)", r, ratio)
         for r in set(self.slow_ranks) - set(slow):
             if r in self.ranks:
