@@ -110,6 +110,7 @@ class SlurmJob:
         if coord is not None:
             log.warning("warning signal received: saving one emergency copy before the requeue")
             coord.launcher.requeue_by_submitit = True
+            _requeue_through_submitit_excluding(coord.launcher)
             coord.request_save("Slurm warning signal (time limit or preemption)")
             self._done.wait(coord.cfg.cluster.recovery_timeout_s + 30)
         return submitit.helpers.DelayedSubmission(self)
@@ -160,6 +161,19 @@ class SlurmJob:
         if coord.summary:
             print(human_summary(coord.summary), flush=True)
         return box.get("code", 1)
+
+
+def _requeue_through_submitit_excluding(launcher: "SlurmLauncher") -> None:
+    """submitit requeues the job itself once ``checkpoint`` returns, through
+    ``SlurmJobEnvironment._requeue`` (a plain ``scontrol requeue``): have it requeue with the
+    excluded nodes set on the pending job as well (``commands.requeue``)."""
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    def requeue(env: Any, countdown: int) -> None:
+        warning = commands.requeue(env.job_id, exclude=launcher.requeue_exclusions(), timeout_s=60)
+        log.info("requeued job %s (%d remaining timeouts)%s", env.job_id, countdown, f"; {warning}" if warning else "")
+
+    SlurmJobEnvironment._requeue = requeue  # type: ignore[method-assign]
 
 
 def _read_json(path: str) -> Dict[str, Any]:
@@ -274,10 +288,17 @@ class SlurmLauncher:
         if self.requeues >= self.cfg.cluster.max_requeues:
             return f"the job was already requeued {self.requeues} time(s) (cluster.max_requeues={self.cfg.cluster.max_requeues})"
         try:
-            commands.requeue(self.job_id)
+            warning = commands.requeue(self.job_id, exclude=self.requeue_exclusions())
         except commands.SlurmCommandError as e:
             return f"scontrol requeue failed: {e}"
+        if warning:
+            log.warning("%s", warning)
         return None
+
+    def requeue_exclusions(self) -> List[str]:
+        """The nodes a requeued job must not be given: every node excluded so far, and the
+        site's own ``cluster.exclude`` (ExcNodeList replaces the submission's --exclude)."""
+        return sorted(self._excluded | set(self.cfg.cluster.exclude or ()))
 
     async def shutdown(self, timeout_s: float) -> None:
         live = [p for p in self._procs.values() if p.returncode is None]

@@ -12,14 +12,14 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, Optional, Sequence, Set
 
 log = logging.getLogger("ckptless_hpc.worker")
 
 
 def run(
     run_dir: str, node: str, rank: Optional[int], step: Optional[int], faults_done: Set[int], max_requeues: int,
-    save: Callable[[str], Dict[str, Any]], spare_wait_s: float,
+    save: Callable[[str], Dict[str, Any]], spare_wait_s: float, site_exclude: Sequence[str] = (),
 ) -> None:
     from ..slurm.env import SlurmEnvironment
 
@@ -62,7 +62,7 @@ def run(
     with open(restart_path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(restart, f, indent=2)
     os.replace(restart_path + ".tmp", restart_path)
-    requeue_or_cancel(env, saved, max_requeues, run_dir)
+    requeue_or_cancel(env, saved, max_requeues, run_dir, sorted(set(restart["excluded_nodes"]) | set(site_exclude)))
 
 
 def _save_or_keep(save: Callable[[str], Dict[str, Any]], path: str, previous: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
@@ -77,9 +77,10 @@ def _save_or_keep(save: Callable[[str], Dict[str, Any]], path: str, previous: Op
         return previous
 
 
-def requeue_or_cancel(env: Any, saved: Optional[Dict[str, Any]], max_requeues: int, run_dir: str) -> None:
-    """Requeue the headless job; past ``max_requeues`` cancel it instead, so that it does not
-    hold its allocation with nobody left to train (the copy stays in the run dir)."""
+def requeue_or_cancel(env: Any, saved: Optional[Dict[str, Any]], max_requeues: int, run_dir: str, exclude: Sequence[str] = ()) -> None:
+    """Requeue the headless job, never again onto the ``exclude`` nodes; past ``max_requeues``
+    cancel it instead, so that it does not hold its allocation with nobody left to train (the
+    copy stays in the run dir)."""
     from ..slurm import commands
 
     job_id = env.require_job_id()
@@ -99,7 +100,9 @@ def requeue_or_cancel(env: Any, saved: Optional[Dict[str, Any]], max_requeues: i
             )
             commands.cancel_job(job_id)
         else:
-            commands.requeue(job_id)
-            log.warning("job %s requeued; it resumes from step %d", job_id, saved["step"] if saved else 0)
+            warning = commands.requeue(job_id, exclude=exclude)
+            log.warning("job %s requeued, excluding %s; it resumes from step %d", job_id, list(exclude) or "no node", saved["step"] if saved else 0)
+            if warning:
+                log.warning("%s", warning)
     except commands.SlurmCommandError as e:
         log.error("requeue/cancel of job %s failed: %s. HINT: requeue it by hand (scontrol requeue %s) or scancel it", job_id, e, job_id)

@@ -208,7 +208,8 @@ class Worker:
         # a sharded rank's state is one shard of many: it requeues from the last complete copy, as a spare does
         rank = None if self.shards is not None else self.rank
         last_resort.run(
-            self.run_dir, self.node, rank, self.held_step(), self.faults_done, self.cfg.cluster.max_requeues, self._save, spare_wait_s=ORPHANED_SPARE_WAIT_S
+            self.run_dir, self.node, rank, self.held_step(), self.faults_done, self.cfg.cluster.max_requeues, self._save, spare_wait_s=ORPHANED_SPARE_WAIT_S,
+            site_exclude=list(self.cfg.cluster.exclude or ()),
         )
         exit_now(EXIT_COORDINATOR_LOST)
 
