@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 from omegaconf import OmegaConf
 
 from .. import protocol
-from . import host, inbox, messages
+from . import continuity, host, inbox, messages
 from .channel import Channel, Endpoints
 from .ending import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, Ending
 from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, LoadFailed, Metrics, NonFinite, Ready, Saved, SaveFailed, StartupError, TransferFailed
@@ -394,8 +394,9 @@ class Coordinator(Channel, Ending):
     # ------------------------------------------------------------------ lifecycle
     async def _start_node(self, name: str, role: str) -> None:
         self.members.add_node(name, role)
-        await self.launcher.start_node(name, self.wpn, self.address, self.on_process_exit)
-        self._emit("node_started", node=name, role=role, workers=self.wpn)
+        started = await self.launcher.start_node(name, self.wpn, self.address, self.on_process_exit)
+        launched = getattr(self.launcher, "launched_identity", lambda w: None)
+        self._emit("node_started", node=name, role=role, workers=self.wpn, identities={w: launched(w) for w in started or ()})
 
     def _make_store(self) -> None:
         """The rendezvous store (authenticated, bound to cluster.bind_host only: rendezvous.py)."""
@@ -602,17 +603,34 @@ class Coordinator(Channel, Ending):
         rec.replacements = {str(r): self.ranks[r] for r in rec.failed_ranks if r in self.ranks}
         rec.transfer_s = max([f.seconds for f in g.fetched], default=0.0)
         rec.bytes_transferred = sum(f.bytes for f in g.fetched)
-        rec.survivors_restarted = sum(1 for w, m in g.held.items() if w in g.ready and g.ready[w].pid != m.pid)
+        survivors = self._survivor_continuity(rec)
         self.recoveries.append(rec)
         self.resuming = rec
         self._emit(
             "reformed", step=plan.target_step, world=self.world, replacements=rec.replacements, bytes=rec.bytes_transferred, ranks={str(r): w for r, w in self.ranks.items()},
-            at=rec.t_ready,
+            at=rec.t_ready, survivors=survivors,
         )
         # refill once the first step after the recovery is committed: a process start must not
         # compete with that step where nodes share cores (local), and the pool is not needed sooner
         self.refills_due += len(rec.replacements) if c.refill_spares else 0
         return None
+
+    def _survivor_continuity(self, rec: Any) -> Dict[str, Any]:
+        """Are the survivors of this recovery the processes launched for them? Measured by the
+        launcher, outside the control connection (continuity.py); their identities, for the event."""
+        launched = getattr(self.launcher, "launched_identity", None)
+        live = getattr(self.launcher, "live_identity", None)
+        if launched is None or live is None:  # a launcher that cannot tell (a simulated one)
+            return {}
+        kept = [w for w in self.ranks.values() if w not in rec.replacements.values()]
+        now = {w: live(w) for w in kept}
+        restarted, unmeasured = continuity.compare({w: launched(w) for w in kept}, now)
+        rec.survivors_restarted = len(restarted)
+        rec.survivors_checked = len(kept) - len(unmeasured)
+        for w, why in restarted.items():
+            self._emit("survivor_restarted", self.workers[w], reason=why)
+            log.error("survivor %s (rank %s, node %s) is not the process launched for it: %s", w, self.workers[w].rank, self.workers[w].node, why)
+        return {w: now[w] for w in kept}
 
     async def _refill(self) -> None:
         if self.stopping or not self.cfg.cluster.refill_spares:
