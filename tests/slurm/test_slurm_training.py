@@ -112,7 +112,7 @@ def _assert_one_recovery(s: Dict, failed_node: str) -> Dict:
     assert s["status"] == "completed", s
     (rec,) = s["recoveries"]
     assert rec["failed_ranks"] == [1] and rec["failed_nodes"] == [failed_node]
-    assert rec["survivors_restarted"] == 0 and rec["bytes_transferred"] > 0
+    assert rec["survivors_restarted"] == 0 and rec["survivors_checked"] == 1 and rec["bytes_transferred"] > 0  # measured: srun pid, start time, step id
     assert failed_node in s["excluded_nodes"]
     return rec
 
