@@ -62,8 +62,9 @@ def write(path: str, entries: Entries, meta: Dict[str, Any], describe: str = "")
     """
     step = int(meta["step"])
     sha = state_sha256(entries, meta)
-    kept = existing(path)
-    if kept is not None and kept["step"] >= step:
+    previous = step_of(path)
+    kept = existing(path) if previous is not None and previous >= step else None
+    if kept is not None:
         log.warning("%s%s already holds a verified copy of step %d: kept; the state of step %d is not written over it", describe, path, kept["step"], step)
         return kept
     tmp = f"{path}.tmp-{os.getpid()}"
@@ -78,15 +79,15 @@ def write(path: str, entries: Entries, meta: Dict[str, Any], describe: str = "")
         _fsync_dir(os.path.dirname(path) or ".")
     except OSError as e:
         _remove(tmp)
-        raise EmergencyCopyError(f"cannot write the emergency copy of step {step} to {path}: {_hint_for(e, path)}. {_previous(kept, path)}") from None
+        raise EmergencyCopyError(f"cannot write the emergency copy of step {step} to {path}: {_hint_for(e, path)}. {_previous(previous, path)}") from None
     except EmergencyCopyError as e:
         _remove(tmp)
-        raise EmergencyCopyError(f"the emergency copy of step {step} read back damaged ({e}); {_previous(kept, path)}") from None
+        raise EmergencyCopyError(f"the emergency copy of step {step} read back damaged ({e}); {_previous(previous, path)}") from None
     except RuntimeError as e:  # torch's writer wraps the OSError of a failed write
         _remove(tmp)
         cause = _os_error_in(e)
         why = _hint_for(cause, path) if cause is not None else f"{e}. HINT: check the filesystem holding {os.path.dirname(path)}"
-        raise EmergencyCopyError(f"cannot write the emergency copy of step {step} to {path}: {why}. {_previous(kept, path)}") from None
+        raise EmergencyCopyError(f"cannot write the emergency copy of step {step} to {path}: {why}. {_previous(previous, path)}") from None
     rec = record_of(path, meta, sha, True)
     log.info("%sstate of step %d written to %s (%.1f MB, sha256 %s)", describe, step, path, rec["bytes"] / 1e6, sha[:12])
     return rec
@@ -121,6 +122,16 @@ def _checked(path: str, sha256: Optional[str]) -> Tuple[Entries, Dict[str, Any],
     return entries, meta, got
 
 
+def step_of(path: str) -> Optional[int]:
+    """The step a copy says it holds, unchecked and without reading its tensors (mapped); None
+    when there is no readable copy. Only a copy as new as the one to write is then checked in
+    full: an older one is replaced anyway."""
+    try:
+        return int(torch.load(path, weights_only=True, mmap=True, map_location="cpu")["meta"]["step"])
+    except Exception:  # noqa: BLE001 - missing, truncated, not ours: no step
+        return None
+
+
 def existing(path: str) -> Optional[Dict[str, Any]]:
     """The record of the verified copy at ``path`` (``written: False``), or None when there is
     none or it is damaged (a damaged copy protects nothing: it may be replaced)."""
@@ -134,9 +145,9 @@ def existing(path: str) -> Optional[Dict[str, Any]]:
     return record_of(path, meta, sha, False)
 
 
-def _previous(kept: Optional[Dict[str, Any]], path: str) -> str:
-    if kept is not None:
-        return f"The previous copy (step {kept['step']}) at {path} is untouched."
+def _previous(step: Optional[int], path: str) -> str:
+    if step is not None:
+        return f"The previous copy (step {step}) at {path} is untouched."
     return f"Nothing was written to {path}."
 
 
