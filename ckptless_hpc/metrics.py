@@ -52,7 +52,8 @@ class Recovery:
     t_resumed: Optional[float] = None
     transfer_s: float = 0.0
     bytes_transferred: int = 0
-    survivors_restarted: int = 0
+    survivors_restarted: int = 0  # survivors whose process is not the one launched for them (continuity.py)
+    survivors_checked: int = 0  # survivors whose process identity was measured from outside
     attempts: int = 1
 
     def report(self) -> Dict[str, Any]:

@@ -57,7 +57,7 @@ class Channel:
         now = self.clock()
         rec.last_seen, rec.seen_stall = now, self.stalls.stalled_s
         if msg["type"] == "hb":  # the most frequent message changes no decision: no wake-up
-            rec.compute_s = msg.get("compute_s")
+            self.straggling.add(rec.wid, msg.get("step"), msg.get("compute_s"))
             self.hb_delay.add(now - msg.get("t", now))
             return
         try:

@@ -11,8 +11,9 @@ waiting unread is not silent either (``pending``).
 from __future__ import annotations
 
 import statistics
+from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Tuple
 
 
 @dataclass
@@ -63,8 +64,60 @@ def silent_workers(
     return out
 
 
-def stragglers(compute_s: Mapping[int, float], factor: float) -> Dict[int, float]:
-    """Ranks whose step compute time exceeds ``factor`` x the typical rank's (lower median).
+STRAGGLER_WINDOW = 8  # compute-time samples kept per worker (one per step seen in its heartbeats)
+STRAGGLER_MIN_SAMPLES = 6  # a worker is judged only on at least this many samples
+
+
+class StragglerWindow:
+    """Compute times per worker, judged over a window, never on one sample.
+
+    Fed (worker, step, compute_s) from heartbeats: a sample counts once per step (a heartbeat
+    repeating the last step's time adds nothing), the last ``size`` are kept, and the window's
+    lower quartile is kept up to date as they arrive (O(size log size) per heartbeat, O(1) in
+    the world size). Noise only ever adds time (a noisy neighbour, a page fault, the scheduler
+    taking the core away), so the time a rank takes at least three steps in four is its speed:
+    a healthy rank is flagged only if nearly every sample of its window was hit, while a rank
+    slow step after step is flagged as soon as it has ``min_samples`` samples.
+    """
+
+    def __init__(self, size: int = STRAGGLER_WINDOW, min_samples: int = STRAGGLER_MIN_SAMPLES) -> None:
+        if not 1 <= min_samples <= size:
+            raise ValueError(f"StragglerWindow: min_samples={min_samples} must be in [1, size={size}]")
+        self.size = size
+        self.min_samples = min_samples
+        self._samples: Dict[str, Deque[float]] = {}
+        self._last_step: Dict[str, Any] = {}
+        self.times: Dict[str, float] = {}  # worker -> its window's lower quartile, once it has min_samples
+
+    def add(self, worker: str, step: Any, compute_s: Optional[float]) -> None:
+        if compute_s is None or not compute_s > 0 or step is None or self._last_step.get(worker) == step:
+            return
+        self._last_step[worker] = step
+        window = self._samples.setdefault(worker, deque(maxlen=self.size))
+        window.append(float(compute_s))
+        if len(window) >= self.min_samples:
+            self.times[worker] = sorted(window)[len(window) // 4]
+
+    def forget(self, worker: str) -> None:
+        for d in (self._samples, self._last_step, self.times):
+            d.pop(worker, None)
+
+    def judge(self, ranks: Mapping[int, str], factor: float, flagged: Iterable[int] = ()) -> Dict[int, float]:
+        """Ranks (of ``ranks``: rank -> worker) whose windowed compute time exceeds ``factor`` x
+        the typical rank's (the lower median over the ranks), with the ratio. A rank already
+        ``flagged`` stays so until its ratio falls below halfway to 1 (no flapping at the line)."""
+        times = {r: self.times.get(w) for r, w in ranks.items()}
+        slow = stragglers(times, factor)
+        release = 1 + (factor - 1) / 2
+        for r, ratio in stragglers(times, release).items():
+            if r in flagged:
+                slow.setdefault(r, ratio)
+        return slow
+
+
+def stragglers(compute_s: Mapping[int, Optional[float]], factor: float) -> Dict[int, float]:
+    """Ranks whose compute time (a window's: ``StragglerWindow``) exceeds ``factor`` x the
+    typical rank's (lower median); ranks without a time are not judged, nor counted.
 
     A straggler is alive and beating: it is reported, never declared dead.
     """

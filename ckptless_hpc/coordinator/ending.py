@@ -39,20 +39,28 @@ class Ending:
         return {w: m.step for w, m in g.held.items()}
 
     async def _save_state(self, survivors: Dict[int, str], held: Dict[str, Any]) -> Optional[Dict[str, Any]]:
-        """Have one rank holding the newest committed step write it to the run directory, once."""
+        """Have one rank holding the newest committed step write it to the run directory, once.
+
+        Only a worker holding the job's state reports a step (a spare that never received it
+        reports none): a freshly built model is never saved as the job's state."""
         if self.layout.sharded:
             return await self._save_shards()
         steps = {w: s for w, s in held.items() if s is not None}
         if not steps:
+            self.save_error = "nothing trained survived (no surviving worker holds the job's state; a spare that never received it holds a fresh model, which is not saved)"
             return None
         target = max(steps.values())
         holder = next(w for r, w in sorted(survivors.items()) if steps.get(w) == target)
         path = os.path.join(self.run_dir, "state", "emergency.pt")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         self._send(self.workers[holder], {"type": "stop", "save": path})
-        await self._until(lambda: self.saved is not None or self.workers[holder].role == "dead", self.cfg.cluster.recovery_timeout_s)
+        written = await self._until(
+            lambda: self.saved is not None or self.save_error is not None or self.workers[holder].role == "dead", self.cfg.cluster.recovery_timeout_s
+        )
         if self.saved:
             self._persist()
+        elif self.save_error is None:
+            why = "it died while writing" if written else f"it did not answer within cluster.recovery_timeout_s={self.cfg.cluster.recovery_timeout_s}s"
+            self.save_error = f"rank {self.workers[holder].rank} ({holder}) was asked to write the state of step {target} to {path}, but {why}"
         return self.saved
 
     async def _save_shards(self) -> Optional[Dict[str, Any]]:
@@ -72,9 +80,10 @@ class Ending:
             path = os.path.join(folder, f"shard{shard}.pt")
             self._send(self.workers[writers[shard]], {"type": "save", "path": path, "shard": shard, "step": plan.target_step})
         dead = lambda: any(self.workers[w].role == "dead" for w in writers.values())  # noqa: E731
-        await self._until(lambda: len(self.shard_saves) == len(writers) or dead(), self.cfg.cluster.recovery_timeout_s)
+        await self._until(lambda: len(self.shard_saves) == len(writers) or dead() or self.save_error is not None, self.cfg.cluster.recovery_timeout_s)
         if len(self.shard_saves) != len(writers):
             log.error("the sharded emergency copy is incomplete (%d of %d shards written): not used", len(self.shard_saves), len(writers))
+            self.save_error = self.save_error or f"the sharded copy is incomplete ({len(self.shard_saves)} of {len(writers)} shards written)"
             return None
         h = hashlib.sha256()
         for shard in sorted(self.shard_saves):
@@ -84,6 +93,15 @@ class Ending:
         self._persist()
         return self.saved
 
+    def _where_saved(self, saved: Optional[Dict[str, Any]]) -> str:
+        """What the emergency copy holds, said plainly: written, a newer one kept, or nothing."""
+        if saved and saved.get("written", True):
+            return f"State of step {saved['step']} saved to {saved['path']}. "
+        if saved:
+            return f"A verified copy of step {saved['step']} was already at {saved['path']} and is kept (no survivor held a newer step). "
+        previous = f" The copy of step {self.resume['step']} this job resumed from stays at {self.resume['path']}." if self.resume else ""
+        return f"No state could be saved: {self.save_error or 'nothing trained survived'}.{previous} "
+
     async def _save_and_requeue(self, reason: str, survivors: Dict[int, str], held: Optional[Dict[str, Any]] = None, state_lost: bool = False) -> int:
         """The allocation cannot go on: save once; requeue where the launcher can, else stop.
         ``state_lost``: some shard is held by nobody (its owner and every holder failed): nothing
@@ -91,17 +109,16 @@ class Ending:
         if held is None:
             held = await self._hold_all(survivors)
         saved = None if state_lost else await self._save_state(survivors, held)
-        last = saved or (self.resume if state_lost else None)
-        if saved:
-            where = f"State of step {saved['step']} saved to {saved['path']}. "
-        elif state_lost and last:
-            where = f"No newer state survives; the last copy written is the one of step {last['step']} ({last['path']}). "
+        resume_from = saved or self.resume
+        if state_lost:
+            last = f"the last copy written is the one of step {self.resume['step']} ({self.resume['path']})" if self.resume else "no copy was ever written"
+            where = f"No newer state survives: {last}. "
         else:
-            where = "No state could be saved. "
-        self._emit("emergency_save", reason=reason, saved=saved)
-        requeue_why = self.launcher.requeue(reason) if last else "nothing was saved"
+            where = self._where_saved(saved)
+        self._emit("emergency_save", reason=reason, saved=saved, error=None if saved else self.save_error)
+        requeue_why = self.launcher.requeue(reason) if resume_from else "there is no copy to resume from"
         if requeue_why is None:
-            log.warning("%s. %sJob requeued: the restarted job resumes from that copy with the failed nodes excluded", reason, where)
+            log.warning("%s. %sJob requeued: the restarted job resumes from the copy of step %d with the failed nodes excluded", reason, where, resume_from["step"])
             return self._finish(EXIT_REQUEUED, "requeued", f"{reason}. {where}requeued")
         msg = f"cannot continue: {reason}. {where}Not requeued: {requeue_why}. "
         if state_lost:
@@ -117,7 +134,10 @@ class Ending:
         survivors = self._quiesce_targets()
         saved = await self._save_state(survivors, await self._hold_all(survivors))
         what = f"loss {nf.get('loss')}" if str(nf.get("loss")) in ("nan", "inf", "-inf") else f"gradient norm {nf.get('grad_norm')}"
-        where = f"the last finite state, after {saved['step']} committed steps, is saved to {saved['path']}" if saved else "no state could be saved"
+        if saved and saved.get("written", True):
+            where = f"the last finite state, after {saved['step']} committed steps, is saved to {saved['path']}"
+        else:
+            where = self._where_saved(saved).rstrip(". ")
         msg = (
             f"step {nf.get('step')} (0-based): {what} is not finite (rank {nf.get('rank')} on node {nf.get('node')}, train.on_nonfinite=stop); "
             f"{where}. HINT: lower optim.lr, set train.clip_grad_norm, or set train.on_nonfinite=skip to drop such steps"

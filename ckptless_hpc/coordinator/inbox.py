@@ -104,6 +104,21 @@ class Saved:
     step: int
     sha256: str
     shard: Optional[int] = None  # sharded: one shard's copy
+    bytes: Optional[int] = None
+    written: Optional[bool] = None  # False: a newer copy was already there and is kept
+
+
+@dataclass(frozen=True)
+class SaveFailed:
+    path: str
+    error: str
+    step: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    path: str
+    error: str
 
 
 @dataclass(frozen=True)
@@ -121,11 +136,11 @@ class StartupError:
     traceback: str = ""
 
 
-Message = Union[Built, Metrics, Held, Joining, Ready, Fetched, TransferFailed, FaultFired, Done, Saved, NonFinite, StartupError]
+Message = Union[Built, Metrics, Held, Joining, Ready, Fetched, TransferFailed, FaultFired, Done, Saved, SaveFailed, LoadFailed, NonFinite, StartupError]
 KINDS: Dict[str, Type[Any]] = {
     "built": Built, "metrics": Metrics, "held": Held, "joining": Joining, "ready": Ready, "fetched": Fetched,
     "transfer_error": TransferFailed, "fault": FaultFired, "done": Done, "saved": Saved, "nonfinite": NonFinite,
-    "startup_error": StartupError,
+    "startup_error": StartupError, "save_failed": SaveFailed, "load_failed": LoadFailed,
 }
 _NUMBER = (int, float)
 _CHECKS = {int: _NUMBER, float: _NUMBER, str: (str,)}

@@ -21,14 +21,14 @@ from typing import Any, Callable, Dict, List, Optional, Set
 from omegaconf import OmegaConf
 
 from .. import protocol
-from . import host, inbox, messages
+from . import continuity, host, inbox, messages
 from .channel import Channel, Endpoints
 from .ending import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, Ending
-from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, Metrics, NonFinite, Ready, Saved, StartupError, TransferFailed
+from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, LoadFailed, Metrics, NonFinite, Ready, Saved, SaveFailed, StartupError, TransferFailed
 from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink, goodput
 from ..progress import LogTail, Progress, Snapshot
 from ..faults import KILLS, faults_from_config, spare_fault_due
-from .detector import StallMeter, silent_workers, stragglers
+from .detector import StallMeter, StragglerWindow, silent_workers
 from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec, loss_kind
 from .planner import by_node, initial_ranks, plan_recovery, plan_sharded_recovery
 from .sharding import Layout, inventories
@@ -72,6 +72,7 @@ class Coordinator(Channel, Ending):
         self._injected: Set[int] = set()
         self._doomed: Set[str] = set()  # spares told to fire a fault: never promoted (their death may land late)
         self.slow_ranks: Dict[int, float] = {}
+        self.straggling = StragglerWindow()  # compute times per worker, from heartbeats (detector.py)
         self.fault_times: List[float] = []
         self.steps = StepLog()  # bounded: nothing here grows with the number of steps
         self._census: tuple = (-1.0, 0, 0)  # (when, alive ranks, spares), for the progress line
@@ -87,6 +88,7 @@ class Coordinator(Channel, Ending):
         self._start_failures: Dict[str, int] = {}  # worker -> generations it could not start, this recovery
         self.saved: Optional[Dict[str, Any]] = None
         self.shard_saves: Dict[int, Dict[str, Any]] = {}  # sharded emergency copy: shard -> its file
+        self.save_error: Optional[str] = None  # the emergency copy could not be written (why)
         self.save_requested: Optional[str] = None  # preemption / time limit: save once, then requeue
         self.cancel_requested: Optional[str] = None  # SIGTERM / SIGINT / ckptless-hpc cancel
         self.resume: Optional[Dict[str, Any]] = None  # emergency copy to start from (after a requeue)
@@ -225,8 +227,14 @@ class Coordinator(Channel, Ending):
             self.shard_saves[m.shard] = {"path": m.path, "step": m.step, "sha256": m.sha256}
             self._emit("state_saved", rec, step=m.step, path=m.path, shard=m.shard)
         elif isinstance(m, Saved):
-            self.saved = {"path": m.path, "step": m.step, "sha256": m.sha256}
-            self._emit("state_saved", rec, step=m.step, path=m.path)
+            self.saved = {"path": m.path, "step": m.step, "sha256": m.sha256, "bytes": m.bytes, "written": m.written is not False}
+            self._emit("state_saved" if m.written is not False else "state_kept", rec, step=m.step, path=m.path, bytes=m.bytes)
+        elif isinstance(m, SaveFailed):
+            self.save_error = m.error
+            self._emit("save_failed", rec, step=m.step, path=m.path, error=m.error)
+        elif isinstance(m, LoadFailed):
+            self.fatal = self.fatal or f"the requeued job cannot resume: {m.error}"
+            self._emit("load_failed", rec, path=m.path, error=m.error)
         elif isinstance(m, NonFinite):
             if self.nonfinite is None:
                 self.nonfinite = {"step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "rank": m.rank, "held": m.held, "worker": rec.wid, "node": rec.node}
@@ -364,11 +372,12 @@ class Coordinator(Channel, Ending):
             self._lost(self.workers[wid], reason)
 
     def _watch_stragglers(self) -> None:
-        times = {self.workers[w].rank: self.workers[w].compute_s for w in self.ranks.values() if self.workers[w].role == "active"}
-        slow = stragglers(times, self.cfg.cluster.straggler_factor)
+        active = {r: w for r, w in self.ranks.items() if self.workers[w].role == "active"}
+        slow = self.straggling.judge(active, self.cfg.cluster.straggler_factor, self.slow_ranks)
         for r, ratio in slow.items():
             if r not in self.slow_ranks:
-                self._emit("straggler", self.workers[self.ranks[r]], ratio=round(ratio, 2), compute_s=times[r])
+                median = self.straggling.times[active[r]]
+                self._emit("straggler", self.workers[active[r]], ratio=round(ratio, 2), compute_s=median, window=self.straggling.size)
                 log.warning("rank %d is a straggler: %.1fx slower than the typical rank (reported, not failed)", r, ratio)
         for r in set(self.slow_ranks) - set(slow):
             if r in self.ranks:
@@ -385,8 +394,9 @@ class Coordinator(Channel, Ending):
     # ------------------------------------------------------------------ lifecycle
     async def _start_node(self, name: str, role: str) -> None:
         self.members.add_node(name, role)
-        await self.launcher.start_node(name, self.wpn, self.address, self.on_process_exit)
-        self._emit("node_started", node=name, role=role, workers=self.wpn)
+        started = await self.launcher.start_node(name, self.wpn, self.address, self.on_process_exit)
+        launched = getattr(self.launcher, "launched_identity", lambda w: None)
+        self._emit("node_started", node=name, role=role, workers=self.wpn, identities={w: launched(w) for w in started or ()})
 
     def _make_store(self) -> None:
         """The rendezvous store (authenticated, bound to cluster.bind_host only: rendezvous.py)."""
@@ -593,17 +603,34 @@ class Coordinator(Channel, Ending):
         rec.replacements = {str(r): self.ranks[r] for r in rec.failed_ranks if r in self.ranks}
         rec.transfer_s = max([f.seconds for f in g.fetched], default=0.0)
         rec.bytes_transferred = sum(f.bytes for f in g.fetched)
-        rec.survivors_restarted = sum(1 for w, m in g.held.items() if w in g.ready and g.ready[w].pid != m.pid)
+        survivors = self._survivor_continuity(rec)
         self.recoveries.append(rec)
         self.resuming = rec
         self._emit(
             "reformed", step=plan.target_step, world=self.world, replacements=rec.replacements, bytes=rec.bytes_transferred, ranks={str(r): w for r, w in self.ranks.items()},
-            at=rec.t_ready,
+            at=rec.t_ready, survivors=survivors,
         )
         # refill once the first step after the recovery is committed: a process start must not
         # compete with that step where nodes share cores (local), and the pool is not needed sooner
         self.refills_due += len(rec.replacements) if c.refill_spares else 0
         return None
+
+    def _survivor_continuity(self, rec: Any) -> Dict[str, Any]:
+        """Are the survivors of this recovery the processes launched for them? Measured by the
+        launcher, outside the control connection (continuity.py); their identities, for the event."""
+        launched = getattr(self.launcher, "launched_identity", None)
+        live = getattr(self.launcher, "live_identity", None)
+        if launched is None or live is None:  # a launcher that cannot tell (a simulated one)
+            return {}
+        kept = [w for w in self.ranks.values() if w not in rec.replacements.values()]
+        now = {w: live(w) for w in kept}
+        restarted, unmeasured = continuity.compare({w: launched(w) for w in kept}, now)
+        rec.survivors_restarted = len(restarted)
+        rec.survivors_checked = len(kept) - len(unmeasured)
+        for w, why in restarted.items():
+            self._emit("survivor_restarted", self.workers[w], reason=why)
+            log.error("survivor %s (rank %s, node %s) is not the process launched for it: %s", w, self.workers[w].rank, self.workers[w].node, why)
+        return {w: now[w] for w in kept}
 
     async def _refill(self) -> None:
         if self.stopping or not self.cfg.cluster.refill_spares:

@@ -12,6 +12,7 @@ import signal
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..coordinator.continuity import Identity, proc_identity
 from ..protocol import SECRET_ENV
 
 ExitCallback = Callable[[str, int], None]
@@ -22,6 +23,7 @@ class LocalLauncher:
         self.nodes, self.spare_nodes, self.max_refills = nodes, spare_nodes, max_refills
         self.bind_host, self.threads, self.log_dir, self.secret = bind_host, threads, log_dir, secret
         self._procs: Dict[str, Any] = {}
+        self._launched: Dict[str, Optional[Identity]] = {}  # worker -> (pid, start ticks) at launch
         self._waiters: List["asyncio.Task[None]"] = []
         self._next = nodes + spare_nodes
         self.refills = 0
@@ -57,6 +59,15 @@ class LocalLauncher:
         self._next += 1
         return name
 
+    def launched_identity(self, worker: str) -> Optional[Identity]:
+        """(pid, start ticks) of the process this launcher started for ``worker``."""
+        return self._launched.get(worker)
+
+    def live_identity(self, worker: str) -> Optional[Identity]:
+        """(pid, start ticks) of ``worker``'s process now, from /proc; None once it is gone."""
+        proc = self._procs.get(worker)
+        return None if proc is None or proc.returncode is not None else proc_identity(proc.pid)
+
     def log_path(self, worker: str) -> str:
         return os.path.join(self.log_dir, f"{worker}.log")
 
@@ -72,6 +83,7 @@ class LocalLauncher:
                 proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=pgid)
             pgid = pgid or proc.pid
             self._procs[wid] = proc
+            self._launched[wid] = proc_identity(proc.pid)
             self._waiters.append(asyncio.ensure_future(self._watch(wid, proc, on_exit)))
             started.append(wid)
         return started

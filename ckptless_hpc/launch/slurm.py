@@ -20,6 +20,7 @@ import sys
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..coordinator.continuity import proc_identity
 from ..protocol import SECRET_ENV, new_secret
 from ..slurm import commands, render
 from ..slurm.env import SlurmEnvironment
@@ -110,6 +111,7 @@ class SlurmJob:
         if coord is not None:
             log.warning("warning signal received: saving one emergency copy before the requeue")
             coord.launcher.requeue_by_submitit = True
+            _requeue_through_submitit_excluding(coord.launcher)
             coord.request_save("Slurm warning signal (time limit or preemption)")
             self._done.wait(coord.cfg.cluster.recovery_timeout_s + 30)
         return submitit.helpers.DelayedSubmission(self)
@@ -162,6 +164,19 @@ class SlurmJob:
         return box.get("code", 1)
 
 
+def _requeue_through_submitit_excluding(launcher: "SlurmLauncher") -> None:
+    """submitit requeues the job itself once ``checkpoint`` returns, through
+    ``SlurmJobEnvironment._requeue`` (a plain ``scontrol requeue``): have it requeue with the
+    excluded nodes set on the pending job as well (``commands.requeue``)."""
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    def requeue(env: Any, countdown: int) -> None:
+        warning = commands.requeue(env.job_id, exclude=launcher.requeue_exclusions(), timeout_s=60)
+        log.info("requeued job %s (%d remaining timeouts)%s", env.job_id, countdown, f"; {warning}" if warning else "")
+
+    SlurmJobEnvironment._requeue = requeue  # type: ignore[method-assign]
+
+
 def _read_json(path: str) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -183,6 +198,7 @@ class SlurmLauncher:
         os.makedirs(self.log_dir, exist_ok=True)
         self._procs: Dict[str, Any] = {}  # node -> srun process
         self._steps: Dict[str, int] = {}  # node -> step id (reported by its workers)
+        self._launched: Dict[str, Tuple[int, ...]] = {}  # node -> (srun pid, start ticks[, first step id])
         self._used: set = set()
         self._excluded: set = set()
         self._waiters: List["asyncio.Task[None]"] = []
@@ -231,6 +247,7 @@ class SlurmLauncher:
         with open(os.path.join(self.log_dir, f"srun-{name}.log"), "ab") as out:
             proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env)
         self._procs[name] = proc
+        self._launched[name] = proc_identity(proc.pid) or ()
         self._waiters.append(asyncio.ensure_future(self._watch(name, workers, proc, on_exit)))
         return [f"{name}.{j}" for j in range(workers)]
 
@@ -241,7 +258,10 @@ class SlurmLauncher:
 
     def register(self, worker: str, hello: Dict[str, Any]) -> None:
         if hello.get("slurm_step") is not None:
-            self._steps[worker.rpartition(".")[0]] = int(hello["slurm_step"])
+            node = worker.rpartition(".")[0]
+            self._steps[node] = int(hello["slurm_step"])
+            if len(self._launched.get(node, ())) == 2:  # the step the node's srun started, once
+                self._launched[node] += (self._steps[node],)
 
     def kill_worker(self, worker: str) -> None:
         """A node's workers share one step: ending the worker ends its node's step."""
@@ -267,6 +287,18 @@ class SlurmLauncher:
             except commands.SlurmCommandError as e:
                 log.warning("could not drain %s (not permitted?): %s", node, e)
 
+    def launched_identity(self, worker: str) -> Optional[Tuple[int, ...]]:
+        """(srun pid, start ticks, step id) of the step this launcher started for ``worker``'s node."""
+        return self._launched.get(worker.rpartition(".")[0]) or None
+
+    def live_identity(self, worker: str) -> Optional[Tuple[int, ...]]:
+        """The same, now: srun's process from /proc on the batch host, the node's step id."""
+        node = worker.rpartition(".")[0]
+        proc = self._procs.get(node)
+        now = proc_identity(proc.pid) if proc is not None and proc.returncode is None else None
+        step = self._steps.get(node)
+        return None if now is None else now + (() if step is None else (step,))
+
     def requeue(self, reason: str) -> Optional[str]:
         """Requeue the job (None) or say why not. After submitit's signal it requeues us itself."""
         if self.requeue_by_submitit:
@@ -274,10 +306,17 @@ class SlurmLauncher:
         if self.requeues >= self.cfg.cluster.max_requeues:
             return f"the job was already requeued {self.requeues} time(s) (cluster.max_requeues={self.cfg.cluster.max_requeues})"
         try:
-            commands.requeue(self.job_id)
+            warning = commands.requeue(self.job_id, exclude=self.requeue_exclusions())
         except commands.SlurmCommandError as e:
             return f"scontrol requeue failed: {e}"
+        if warning:
+            log.warning("%s", warning)
         return None
+
+    def requeue_exclusions(self) -> List[str]:
+        """The nodes a requeued job must not be given: every node excluded so far, and the
+        site's own ``cluster.exclude`` (ExcNodeList replaces the submission's --exclude)."""
+        return sorted(self._excluded | set(self.cfg.cluster.exclude or ()))
 
     async def shutdown(self, timeout_s: float) -> None:
         live = [p for p in self._procs.values() if p.returncode is None]

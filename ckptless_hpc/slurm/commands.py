@@ -79,10 +79,23 @@ def cancel_step(job_id: str, step_id: int, *, signal: str = "KILL", timeout_s: f
     run(render.scancel_step_argv(job_id, step_id, signal), timeout_s=timeout_s, env=env)
 
 
-def requeue(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-            env: Mapping[str, str] | None = None) -> None:
-    """Requeue the job; it restarts with SLURM_RESTART_COUNT + 1."""
-    run(render.scontrol_requeue_argv(job_id), timeout_s=timeout_s, env=env)
+EXIT_NOT_EXCLUDED = 99  # render.requeue_excluding_argv: requeued, the exclusion refused
+
+
+def requeue(job_id: str, exclude: Sequence[str] = (), *, timeout_s: float = DEFAULT_TIMEOUT_S,
+            env: Mapping[str, str] | None = None) -> str | None:
+    """Requeue the job (it restarts with SLURM_RESTART_COUNT + 1) and keep it off the nodes in
+    ``exclude`` (its ExcNodeList, set as it turns pending again). Returns None, or a warning
+    when the job was requeued but Slurm refused the exclusion; raises when it was not requeued.
+    """
+    try:
+        run(render.requeue_excluding_argv(job_id, exclude), timeout_s=timeout_s, env=env)
+    except SlurmCommandError as e:
+        if e.returncode != EXIT_NOT_EXCLUDED:
+            raise
+        return (f"job {job_id} requeued, but its ExcNodeList could not be set to {sorted(exclude)} ({e.stderr or e}); "
+                "the restarted job still never uses those nodes, it may only be given them")
+    return None
 
 
 def job_states(job_ids: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S,

@@ -308,6 +308,24 @@ def scontrol_requeue_argv(job_id: str) -> list[str]:
     return ["scontrol", "requeue", _check_job_id(job_id)]
 
 
+def requeue_excluding_argv(job_id: str, exclude: Sequence[str] = ()) -> list[str]:
+    """Requeue the job, then at once exclude ``exclude`` from its next allocation.
+
+    A running job's ExcNodeList cannot be changed ("Job is no longer pending execution"), but
+    from the moment ``scontrol requeue`` returns the job is pending again (shown COMPLETING
+    while its processes end) and the update is taken: Slurm 22.05, tests/slurm. Both commands
+    run in one ``sh`` that ignores SIGTERM (so do its children), because the requeue itself
+    sends SIGTERM to the caller's processes: the update is never cut off between the two.
+    Exit 99: requeued, but the exclusion was refused.
+    """
+    job = _check_job_id(job_id)
+    if not exclude:
+        return scontrol_requeue_argv(job)
+    update = scontrol_update_job_argv(job, exclude=exclude, start_in_s=None)
+    script = 'trap "" TERM; scontrol requeue "$1" || exit $?; shift; "$@" || exit 99'
+    return ["sh", "-c", script, "sh", job, *update]
+
+
 def scontrol_update_job_argv(
     job_id: str,
     exclude: Sequence[str] = (),

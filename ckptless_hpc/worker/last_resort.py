@@ -12,20 +12,19 @@ import json
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, Optional, Sequence, Set
 
 log = logging.getLogger("ckptless_hpc.worker")
 
 
 def run(
     run_dir: str, node: str, rank: Optional[int], step: Optional[int], faults_done: Set[int], max_requeues: int,
-    save: Callable[[str], Dict[str, Any]], spare_wait_s: float,
+    save: Callable[[str], Dict[str, Any]], spare_wait_s: float, site_exclude: Sequence[str] = (),
 ) -> None:
     from ..slurm.env import SlurmEnvironment
 
     env = SlurmEnvironment()
     state_dir = os.path.join(run_dir, "state")
-    os.makedirs(state_dir, exist_ok=True)
     lock = os.path.join(state_dir, f"last-resort-{env.restart_count}.lock")
     spare = rank is None or step is None
     if spare:
@@ -33,12 +32,19 @@ def run(
         while time.monotonic() < deadline and not os.path.exists(lock):
             time.sleep(0.2)
     try:
+        os.makedirs(state_dir, exist_ok=True)
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.write(fd, f"{node} {os.getpid()} {'spare' if spare else f'rank {rank}'}\n".encode())
+        os.close(fd)
     except FileExistsError:
         log.info("another worker writes the last-resort copy and requeues")
         return
-    os.write(fd, f"{node} {os.getpid()} {'spare' if spare else f'rank {rank}'}\n".encode())
-    os.close(fd)
+    except OSError as e:
+        log.error(
+            "cannot claim %s (%s): nothing can be saved in %s; the job is left to Slurm (its time limit). "
+            "HINT: the run dir must be writable from every node (hydra.run.dir on a shared, writable filesystem)", lock, e.strerror, state_dir,
+        )
+        return
     restart_path = os.path.join(run_dir, "restart.json")
     try:
         with open(restart_path, encoding="utf-8") as f:
@@ -49,18 +55,32 @@ def run(
         saved = restart.get("saved")
         log.error("no rank survived the coordinator: requeueing; the job restarts from %s", f"the copy of step {saved['step']}" if saved else "step 0 (no copy was ever written)")
     else:
-        saved = restart["saved"] = save(os.path.join(state_dir, "emergency.pt"))
+        saved = _save_or_keep(save, os.path.join(state_dir, "emergency.pt"), restart.get("saved"))
+        restart["saved"] = saved
         restart["faults_done"] = sorted(set(restart.get("faults_done", [])) | faults_done)
     restart["excluded_nodes"] = sorted(set(restart.get("excluded_nodes", [])) | set(filter(None, [restart.get("batch_node")])))
     with open(restart_path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(restart, f, indent=2)
     os.replace(restart_path + ".tmp", restart_path)
-    requeue_or_cancel(env, saved, max_requeues, run_dir)
+    requeue_or_cancel(env, saved, max_requeues, run_dir, sorted(set(restart["excluded_nodes"]) | set(site_exclude)))
 
 
-def requeue_or_cancel(env: Any, saved: Optional[Dict[str, Any]], max_requeues: int, run_dir: str) -> None:
-    """Requeue the headless job; past ``max_requeues`` cancel it instead, so that it does not
-    hold its allocation with nobody left to train (the copy stays in the run dir)."""
+def _save_or_keep(save: Callable[[str], Dict[str, Any]], path: str, previous: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """This rank's copy (or the newer one already there); if it cannot be written (a full disk,
+    a read-only run dir), the previous copy, untouched, is what the restart resumes from."""
+    from ..state.emergency import EmergencyCopyError
+
+    try:
+        return save(path)
+    except EmergencyCopyError as e:
+        log.error("%s The restart resumes from %s", e, f"the previous copy of step {previous['step']}" if previous else "step 0 (no copy was ever written)")
+        return previous
+
+
+def requeue_or_cancel(env: Any, saved: Optional[Dict[str, Any]], max_requeues: int, run_dir: str, exclude: Sequence[str] = ()) -> None:
+    """Requeue the headless job, never again onto the ``exclude`` nodes; past ``max_requeues``
+    cancel it instead, so that it does not hold its allocation with nobody left to train (the
+    copy stays in the run dir)."""
     from ..slurm import commands
 
     job_id = env.require_job_id()
@@ -80,7 +100,9 @@ def requeue_or_cancel(env: Any, saved: Optional[Dict[str, Any]], max_requeues: i
             )
             commands.cancel_job(job_id)
         else:
-            commands.requeue(job_id)
-            log.warning("job %s requeued; it resumes from step %d", job_id, saved["step"] if saved else 0)
+            warning = commands.requeue(job_id, exclude=exclude)
+            log.warning("job %s requeued, excluding %s; it resumes from step %d", job_id, list(exclude) or "no node", saved["step"] if saved else 0)
+            if warning:
+                log.warning("%s", warning)
     except commands.SlurmCommandError as e:
         log.error("requeue/cancel of job %s failed: %s. HINT: requeue it by hand (scontrol requeue %s) or scancel it", job_id, e, job_id)

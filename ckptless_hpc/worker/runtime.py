@@ -33,6 +33,7 @@ import torch
 from .. import faults as faultlib
 from .. import protocol
 from ..tasks.selfcheck import check_batch_determinism
+from ..state import emergency
 from ..state.snapshot import state_nbytes, state_sha256
 from ..state.transfer import Arena, StaleState, StateServer, TransferError, fetch_state
 from .shard_copies import ShardCopies
@@ -85,6 +86,9 @@ class Worker:
         self.rank: Optional[int] = None
         self.world = 0
         self.step: Optional[int] = None  # committed step of the state held; None = no valid state
+        # whether that state is the job's: a spare's freshly built model is step 0 of a fresh
+        # init, and becomes the job's state only once assigned at step 0, fetched or loaded
+        self.holds_job_state = False
         self.abort_gen = -1
         self.training = False
         self.faults_done: set = set()
@@ -208,7 +212,8 @@ class Worker:
         # a sharded rank's state is one shard of many: it requeues from the last complete copy, as a spare does
         rank = None if self.shards is not None else self.rank
         last_resort.run(
-            self.run_dir, self.node, rank, self.step, self.faults_done, self.cfg.cluster.max_requeues, self._save, spare_wait_s=ORPHANED_SPARE_WAIT_S
+            self.run_dir, self.node, rank, self.held_step(), self.faults_done, self.cfg.cluster.max_requeues, self._save, spare_wait_s=ORPHANED_SPARE_WAIT_S,
+            site_exclude=list(self.cfg.cluster.exclude or ()),
         )
         exit_now(EXIT_COORDINATOR_LOST)
 
@@ -245,10 +250,15 @@ class Worker:
             return None
         return faultlib.due(self.faults, self.faults_done, self.rank, self.cfg.cluster.workers_per_node, step, at)
 
+    def held_step(self) -> Optional[int]:
+        """The committed step of the job's state this process holds; None when it holds none (a
+        spare that never received it): such a process is never a source, nor saved."""
+        return self.step if self.holds_job_state else None
+
     def _send_held(self, abort_gen: Optional[int], reason: str) -> None:
-        msg = {"type": "held", "gen": self.gen, "abort_gen": abort_gen, "step": self.step, "pid": os.getpid(), "reason": reason}
+        msg = {"type": "held", "gen": self.gen, "abort_gen": abort_gen, "step": self.held_step(), "pid": os.getpid(), "reason": reason}
         if self.shards is not None:  # what it can serve: shard -> steps (live, snapshots, copies held for peers)
-            msg["inventory"] = {str(k): v for k, v in self.shards.inventory(self.step).items()}
+            msg["inventory"] = {str(k): v for k, v in self.shards.inventory(self.held_step()).items()}
         self.client.send(msg)
 
     # ------------------------------------------------------------------ waiting, interruptibly
@@ -308,6 +318,7 @@ class Worker:
                 self._load(msg["load"])
             if self.step != target:
                 self._fetch(msg.get("sources", []), gen, target, timeout_s)
+            self.holds_job_state = True  # loaded, fetched, or the fresh init of a job at step 0
             if self.shards is not None:
                 self.shards.start_generation(self.engine, target)
             t0 = time.monotonic()
@@ -355,14 +366,17 @@ class Worker:
         raise TransferError("; ".join(errors))
 
     def _load(self, saved: Dict[str, Any]) -> None:
-        """Start from the emergency copy of a requeued job (the one time state comes from storage)."""
+        """Start from the emergency copy of a requeued job (the one time state comes from storage);
+        a missing or damaged copy is refused and ends the job (never loaded, never trained on)."""
         t0 = time.monotonic()
-        data = torch.load(saved["path"], weights_only=True)
-        entries = list(data["entries"].items())
-        if state_sha256(entries, data["meta"]) != saved["sha256"]:
-            raise TransferError(f"emergency copy {saved['path']} does not match its recorded sha256 {saved['sha256'][:12]}")
-        self.engine.apply(entries, data["meta"])
-        self.step = int(data["meta"]["step"])
+        try:
+            entries, meta = emergency.read(saved["path"], saved.get("sha256"))
+        except emergency.EmergencyCopyError as e:
+            log.error("cannot resume: %s", e)
+            self.client.send({"type": "load_failed", "path": saved["path"], "error": str(e)})
+            raise Aborted("load") from None
+        self.engine.apply(entries, meta)
+        self.step = int(meta["step"])
         log.info("loaded the emergency copy of step %d from %s in %.2fs", self.step, saved["path"], time.monotonic() - t0)
 
     def _provide(self, gen: int, step: int, shard: Optional[int] = None) -> Any:
@@ -538,34 +552,37 @@ class Worker:
 
     # ------------------------------------------------------------------ stop
     def _save(self, path: str) -> Dict[str, Any]:
-        """Write the committed state once (the only time state touches storage)."""
+        """Write the committed state once (state/emergency.py: never over a newer copy, never a
+        damaged one); raises emergency.EmergencyCopyError when it cannot be written."""
         entries, meta = self.engine.collect(self.step)
-        tmp = path + ".tmp"
-        torch.save({"meta": meta, "entries": {n: t.detach().cpu() for n, t in entries}}, tmp)
-        os.replace(tmp, path)
-        log.info("state of step %d written to %s", self.step, path)
-        return {"path": path, "step": self.step, "sha256": state_sha256(entries, meta)}
+        return emergency.write(path, entries, meta)
 
     def _save_shard(self, path: str, shard: int, step: int) -> None:
         """One shard of a sharded emergency copy: from a snapshot, a held copy, or the live state."""
         assert self.shards is not None
         copy = self.shards.get(shard, step)
-        if copy is None and shard == self.shards.shard and step == self.step:
+        if copy is None and shard == self.shards.shard and step == self.held_step():
             copy = self.engine.collect(step)
         if copy is None:
             log.error("asked to save shard %d at step %d, which this worker does not hold (%s)", shard, step, self.shards.describe(self.step))
             return
         entries, meta = copy
-        tmp = path + ".tmp"
-        torch.save({"meta": meta, "entries": {n: t.detach().cpu() for n, t in entries}}, tmp)
-        os.replace(tmp, path)
-        log.info("shard %d of step %d written to %s", shard, step, path)
-        self.client.send({"type": "saved", "path": path, "step": step, "sha256": state_sha256(entries, meta), "shard": shard})
+        try:
+            rec = emergency.write(path, entries, meta, describe=f"shard {shard}: ")
+        except emergency.EmergencyCopyError as e:
+            log.error("%s", e)
+            self.client.send({"type": "save_failed", "path": path, "step": step, "error": str(e)})
+            return
+        self.client.send({"type": "saved", "path": path, "step": rec["step"], "sha256": rec["sha256"], "bytes": rec["bytes"], "written": rec["written"], "shard": shard})
 
     def _on_stop(self, msg: Dict[str, Any]) -> None:
         path = msg.get("save")
-        if path and self.step is not None:
-            self.client.send({"type": "saved", **self._save(path)})
+        if path and self.held_step() is not None:
+            try:
+                self.client.send({"type": "saved", **self._save(path)})
+            except emergency.EmergencyCopyError as e:
+                log.error("%s", e)
+                self.client.send({"type": "save_failed", "path": path, "step": self.step, "error": str(e)})
         time.sleep(0.05)
         exit_now(0)
 

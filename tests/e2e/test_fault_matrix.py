@@ -54,8 +54,8 @@ def test_straggler_is_reported_not_failed(job, baseline):
     cfg = ("task=mlp", "train.steps=150")
     res = job(*cfg, *FAST_HB, "fault=slow", "fault.rank=0", "fault.step=20", "fault.factor=8", "fault.duration=120")
     _oracle(res, baseline(*cfg), 0)
-    slow = res.of("straggler")
-    assert slow and slow[0]["rank"] == 0 and slow[0]["ratio"] > 3
+    slow = res.of("straggler")  # judged over a window of compute times: CPU noise flags nobody else
+    assert slow and all(e["rank"] == 0 for e in slow) and slow[0]["ratio"] > 3, slow
     assert not res.of("failure_detected")
 
 

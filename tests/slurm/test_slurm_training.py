@@ -18,6 +18,7 @@ import pytest
 from ckpt_testlib import wait_for
 
 from ckptless_hpc.slurm import commands
+from ckptless_hpc.slurm.env import expand_nodelist
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[2]
@@ -111,7 +112,7 @@ def _assert_one_recovery(s: Dict, failed_node: str) -> Dict:
     assert s["status"] == "completed", s
     (rec,) = s["recoveries"]
     assert rec["failed_ranks"] == [1] and rec["failed_nodes"] == [failed_node]
-    assert rec["survivors_restarted"] == 0 and rec["bytes_transferred"] > 0
+    assert rec["survivors_restarted"] == 0 and rec["survivors_checked"] == 1 and rec["bytes_transferred"] > 0  # measured: srun pid, start time, step id
     assert failed_node in s["excluded_nodes"]
     return rec
 
@@ -250,6 +251,26 @@ def test_every_rank_lost_with_the_coordinator_the_spare_requeues(slurm_env, tmp_
     assert " spare" in lock, lock  # claimed by the spare, not by a rank
     s = _finished(job, tmp_path, within_s=240)
     assert s["status"] == "completed" and s["final_state_sha256"] == baseline(*LM)
+
+
+def test_requeued_job_is_not_given_an_excluded_node(slurm_env, tmp_path, baseline):
+    """No spare, no drain: a killed worker's node is excluded, the job saves and requeues, and
+    Slurm is told so (ExcNodeList, set as the job turns pending): the restarted job's allocation
+    does not hold the excluded node, although it is idle and would be handed out first."""
+    cfg = ("task=mlp", "train.steps=1500")
+    job = _submit(tmp_path, *cfg, "cluster.spare_nodes=0", "cluster.drain_failed_nodes=false", "fault=kill_worker", "fault.rank=1", "fault.step=30")
+    bad = _event(tmp_path, lambda e: e["event"] == "node_excluded", "the excluded node")["node"]
+    restarted = wait_for("the requeued run", lambda: _second_run_start(tmp_path), 240, diagnose=lambda: _diagnose(tmp_path))
+    events = _events(tmp_path)
+    second = [i for i, e in enumerate(events) if e["event"] == "job_started"][1]
+    nodes = {e["node"] for e in events[second:] if e["event"] == "node_started"}
+    show = commands.run(["scontrol", "-o", "show", "job", job]).stdout
+    allocation = commands.parse_job_field(show, "NodeList")
+    assert bad not in nodes and bad not in expand_nodelist(allocation or ""), (bad, nodes, allocation)
+    assert bad in expand_nodelist(commands.parse_job_field(show, "ExcNodeList") or "")
+    assert restarted["resumed_from"]["step"] in (30, 31)
+    s = _finished(job, tmp_path, within_s=240)
+    assert s["status"] == "completed" and s["final_state_sha256"] == baseline(*cfg)
 
 
 def _second_run_start(run_dir: Path) -> Dict | None:

@@ -136,11 +136,14 @@ def test_status_logs_and_cancel_of_a_running_job(tmp_path):
 
         rc, out, err = tool("cancel", str(run_dir), "--timeout-s", "20")
         assert rc == 0, (out, err)
-        assert f"coordinator pid {proc.pid} stopped" in out
-        assert proc.wait(timeout=20) != 0
+        # a cancelled local run stops its workers, writes its summary and exits 6 (docs/failure-semantics.md)
+        assert f"coordinator pid {proc.pid} stopped (SIGTERM); summary.json: cancelled (exit 6)" in out, out
+        assert proc.wait(timeout=20) == 6
+        s = json.loads((run_dir / "summary.json").read_text())
+        assert s["status"] == "cancelled" and s["exit_code"] == 6 and s["error"] == "cancelled by SIGTERM" and s["steps_completed"] > 0, s
         _wait_for(lambda: not any(_alive(p) for p in workers.values()), "the workers to exit", 30)
         rc, out, _ = tool("status", str(run_dir))
-        assert rc == 0 and (f"{run_dir}: ENDED" in out or f"{run_dir}: CANCELLED" in out), out
+        assert rc == 0 and f"{run_dir}: CANCELLED" in out, out
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

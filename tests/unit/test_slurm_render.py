@@ -245,3 +245,17 @@ def test_job_states_in_one_squeue_call() -> None:
     assert render.scancel_argv("12") == ["scancel", "12"]
     with pytest.raises(ValueError):
         render.squeue_states_argv(["12; rm -rf /"])
+
+
+def test_requeue_excluding_runs_both_commands_in_one_sigterm_proof_shell() -> None:
+    argv = render.requeue_excluding_argv("1234", ["n3", "n1"])
+    assert argv[:2] == ["sh", "-c"] and 'trap "" TERM' in argv[2]
+    assert argv[4:] == ["1234", "scontrol", "update", "jobid=1234", "ExcNodeList=n[1,3]"]
+    assert render.requeue_excluding_argv("1234") == render.scontrol_requeue_argv("1234")  # nothing to exclude
+
+
+def test_submitit_requeues_through_the_method_the_job_replaces() -> None:
+    """launch/slurm.py has submitit's own requeue set the exclusions too, through this method."""
+    from submitit.slurm.slurm import SlurmJobEnvironment
+
+    assert callable(getattr(SlurmJobEnvironment, "_requeue", None))
