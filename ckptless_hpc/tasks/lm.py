@@ -187,6 +187,11 @@ class LMTask(Task):
         windows = data[starts[:, None] + self._offsets].long()
         return windows[:, :-1], windows[:, 1:]
 
+    def shard_units(self, model: nn.Module) -> list:
+        """parallel=fsdp|hsdp: each transformer block is an FSDP unit; the embeddings stay with
+        the root, whose forward uses the token embedding's weight again as the tied output head."""
+        return list(model.blocks)
+
     def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
         device = next(model.parameters()).device

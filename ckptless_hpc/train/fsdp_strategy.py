@@ -109,6 +109,12 @@ class FSDPStrategy:
         except Exception as err:
             if _is_comm_error(err):
                 raise StepFailed(f"step {step}: {err}") from None
+            if "mixed torch.Tensor and DTensor" in str(err):
+                raise RuntimeError(
+                    f"{err}\nHINT: a parameter of an FSDP unit is used outside that unit's forward (e.g. a tied output head "
+                    f"reusing the token embedding's weight): give {type(e.task).__name__} a shard_units(model) method returning "
+                    "the modules to shard separately (e.g. the transformer blocks), leaving such modules to the root"
+                ) from None
             raise
         return broadcasts
 
