@@ -86,3 +86,12 @@ def test_damaged_copies_from_the_only_holder_are_fetched_again(job, baseline):
     assert sorted(s["faults_fired"]) == [0, 1, 2] and len(s["recoveries"]) == 1
     assert len(_events(res.run_dir, "transfer_error")) == 2
     assert s["final_state_sha256"] == baseline(*cfg)
+
+
+def test_the_default_lm_task_shards_with_fsdp(job, baseline):
+    """The default task (tied output head: its shard_units keep the embeddings with the root)."""
+    cfg = ("task=lm", "train.steps=16", "parallel=fsdp")
+    res = job(*cfg, "fault=kill_worker", "fault.rank=1", "fault.step=8")
+    assert res.rc == 0, res.out[-3000:]
+    assert len(res.summary["recoveries"]) == 1 and res.summary["recoveries"][0]["bytes_transferred"] > 0
+    assert res.summary["final_state_sha256"] == baseline(*cfg)
