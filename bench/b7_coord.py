@@ -52,6 +52,12 @@ class SimLauncher:
     def exclude_node(self, node: str, why: str) -> None:
         pass
 
+    def hold_commands(self) -> None:
+        pass
+
+    def release_commands(self) -> None:
+        pass
+
     def requeue(self, reason: str) -> Optional[str]:
         return "the B7 launcher has no scheduler"
 

@@ -116,7 +116,7 @@ class Ending:
         else:
             where = self._where_saved(saved)
         self._emit("emergency_save", reason=reason, saved=saved, error=None if saved else self.save_error)
-        requeue_why = self.launcher.requeue(reason) if resume_from else "there is no copy to resume from"
+        requeue_why = await self._off_loop(self.launcher.requeue, reason) if resume_from else "there is no copy to resume from"
         if requeue_why is None:
             log.warning("%s. %sJob requeued: the restarted job resumes from the copy of step %d with the failed nodes excluded", reason, where, resume_from["step"])
             return self._finish(EXIT_REQUEUED, "requeued", f"{reason}. {where}requeued")

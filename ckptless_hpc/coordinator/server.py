@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Set
 
@@ -103,6 +104,7 @@ class Coordinator(Channel, Ending):
         self._config: Optional[Dict[str, Any]] = None
         self.stalls = StallMeter(c.heartbeat_interval_s, clock())
         self.hb_delay = DelayHistogram()  # heartbeat sent (worker's clock) -> read here
+        self._calls: Optional[ThreadPoolExecutor] = None  # launcher calls that wait for the scheduler
 
     # ------------------------------------------------------------------ membership (membership.py decides)
     @property
@@ -313,10 +315,12 @@ class Coordinator(Channel, Ending):
         was = self.members.lose(rec.wid)
         if rec.writer is not None:
             rec.writer.close()
+        kind = loss_kind(was, self._t_train is not None)
+        if kind == RECOVER:  # nothing the recovery does needs the scheduler: its commands wait for the promotion
+            self.launcher.hold_commands()
         self.launcher.kill_worker(rec.wid)
         self._emit("failure_detected", rec, reason=reason, role=was, at=t_detect)
         log.warning("worker %s (node %s, rank %s, %s) failed: %s", rec.wid, rec.node, rec.rank, was, reason)
-        kind = loss_kind(was, self._t_train is not None)
         if kind == FATAL_AT_STARTUP:
             self.fatal = self.fatal or f"worker {rec.wid} on node {rec.node} died during start-up: {reason}\n{self._log_tail(rec.wid)}"
         elif kind == RECOVER:
@@ -335,6 +339,31 @@ class Coordinator(Channel, Ending):
         self._persist()
         for wid in idle:  # idle spares of a bad node are never promoted
             self.launcher.kill_worker(wid)
+
+    async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A launcher call that waits for the scheduler's answer (squeue, scontrol requeue): in a
+        thread of its own, one at a time, so that the loop keeps reading heartbeats."""
+        if self._calls is None:
+            self._calls = ThreadPoolExecutor(max_workers=1, thread_name_prefix="launcher-calls")
+        return await asyncio.get_running_loop().run_in_executor(self._calls, fn, *args)
+
+    def command_done(self, outcome: Dict[str, Any]) -> None:
+        """A queued scheduler command finished (from the launcher's command thread): an event."""
+        loop = getattr(self, "_loop", None)
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(self._command_done, outcome)
+        else:
+            self._command_done(outcome)
+
+    def _command_done(self, outcome: Dict[str, Any]) -> None:
+        rec = self.workers.get(outcome.get("worker", ""))
+        kw = {k: v for k, v in outcome.items() if k not in ("job", "worker")}
+        self._emit("scheduler_command", rec, **kw)
+        what = f"{outcome['action']} (node {outcome.get('node')}, Slurm step {outcome.get('slurm_step')}, gen {self.gen}, rank {rec.rank if rec else None})"
+        if outcome["ok"]:
+            log.info("%s took %.2fs, queued %.2fs before", what, outcome["seconds"], outcome["waited_s"])
+        else:
+            log.warning("%s failed after %.2fs: %s", what, outcome["seconds"], outcome["error"])
 
     def on_process_exit(self, wid: str, rc: int) -> None:
         rec = self.workers.get(wid)
@@ -421,7 +450,7 @@ class Coordinator(Channel, Ending):
         log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
         log.info("%s", self.layout.describe())
         self._emit("layout", mode=self.layout.mode, survives_node_losses=self.layout.survives(), describe=self.layout.describe())
-        active, spare = self.launcher.initial_nodes(self.bad_nodes)
+        active, spare = await self._off_loop(self.launcher.initial_nodes, self.bad_nodes)
         for name in active:
             await self._start_node(name, "active")
         for name in spare:
@@ -450,6 +479,8 @@ class Coordinator(Channel, Ending):
                 self.tensorboard.close()
             self._echo_once()  # the rank's last lines, written while it stopped
             server.close()
+            if self._calls is not None:
+                self._calls.shutdown(wait=False)
         return code
 
     async def _echo_console_rank(self) -> None:
@@ -520,6 +551,12 @@ class Coordinator(Channel, Ending):
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self) -> Optional[int]:
+        try:
+            return await self._recover_once()
+        finally:
+            self.launcher.release_commands()  # whatever the outcome: the queued scheduler commands run
+
+    async def _recover_once(self) -> Optional[int]:
         c = self.cfg.cluster
         rec: Optional[Recovery] = None
         while True:
@@ -575,6 +612,7 @@ class Coordinator(Channel, Ending):
                 if self.pending:
                     continue
             self._assign(self.ranks, plan.target_step, plan.sources)
+            self.launcher.release_commands()  # promotion sent: now the scancel/scontrol of the failed nodes
             # a promoted spare that is still starting needs its start-up time first
             unbuilt = any(not self.workers[w].built for w in self.ranks.values())
             limit = c.recovery_timeout_s + (c.startup_timeout_s if unbuilt else 0)
@@ -638,7 +676,7 @@ class Coordinator(Channel, Ending):
         need = self.cfg.cluster.spare_nodes - len(self.members.spare_nodes())
         if need <= 0:
             return
-        name = self.launcher.free_node()
+        name = await self._off_loop(self.launcher.free_node)
         if name is None:
             self._emit("refill_skipped", reason="no free node left")
             return

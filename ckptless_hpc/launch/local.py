@@ -38,6 +38,12 @@ class LocalLauncher:
     def register(self, worker: str, hello: Dict[str, Any]) -> None:
         """A worker connected (nothing to note locally)."""
 
+    def hold_commands(self) -> None:
+        """Nothing waits for a scheduler here: a kill is a signal, sent at once."""
+
+    def release_commands(self) -> None:
+        """See ``hold_commands``."""
+
     def exclude_node(self, node: str, why: str) -> None:
         """Local nodes are never reused anyway: replacements get new names."""
 

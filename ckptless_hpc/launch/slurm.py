@@ -18,12 +18,14 @@ import os
 import signal
 import sys
 import threading
+from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..coordinator.continuity import proc_identity
 from ..protocol import SECRET_ENV, new_secret
 from ..slurm import commands, render
 from ..slurm.env import SlurmEnvironment
+from .background import CommandQueue
 
 log = logging.getLogger("ckptless_hpc.slurm")
 
@@ -139,6 +141,7 @@ class SlurmJob:
         secret = new_secret()
         launcher = SlurmLauncher(cfg, self.run_dir, job_id, env, secret)
         coord = context.coordinator = Coordinator(cfg, self.run_dir, launcher, secret, job_id)
+        launcher.commands.report = coord.command_done  # every scancel/scontrol outcome becomes an event
         if restart:
             coord.restore(restart)
             log.info("restart %d of job %s: resuming from %s, excluded nodes %s", env.restart_count, job_id, restart.get("saved"), restart.get("excluded_nodes"))
@@ -186,7 +189,13 @@ def _read_json(path: str) -> Dict[str, Any]:
 
 
 class SlurmLauncher:
-    """Worker and spare nodes as srun steps inside the allocation (all Slurm I/O via ckptless_hpc.slurm)."""
+    """Worker and spare nodes as srun steps inside the allocation (all Slurm I/O via ckptless_hpc.slurm).
+
+    ``kill_worker`` and ``exclude_node`` never wait for slurmctld: their scancel/scontrol go to
+    a ``CommandQueue`` (one thread, in order), held while the coordinator plans a recovery and
+    released once the promotion is sent. ``initial_nodes``, ``free_node`` and ``requeue`` do
+    answer with Slurm's reply: the coordinator calls them off its event loop.
+    """
 
     def __init__(self, cfg: Any, run_dir: str, job_id: str, env: SlurmEnvironment, secret: str) -> None:
         self.cfg = cfg
@@ -205,6 +214,15 @@ class SlurmLauncher:
         self.requeue_by_submitit = False
         self.batch_node = env.nodename  # the coordinator's node (the batch host)
         self.requeues = env.restart_count
+        self.commands = CommandQueue(name=f"slurm-commands-{job_id}")
+
+    def hold_commands(self) -> None:
+        """A recovery is being planned: queue scheduler commands, issue none (see ``CommandQueue``)."""
+        self.commands.hold()
+
+    def release_commands(self) -> None:
+        """The promotion is sent: issue the queued commands, in order."""
+        self.commands.release()
 
     def initial_nodes(self, excluded: Any = ()) -> Tuple[List[str], List[str]]:
         c = self.cfg.cluster
@@ -264,28 +282,25 @@ class SlurmLauncher:
                 self._launched[node] += (self._steps[node],)
 
     def kill_worker(self, worker: str) -> None:
-        """A node's workers share one step: ending the worker ends its node's step."""
+        """A node's workers share one step: ending the worker ends its node's step. The local
+        srun gets SIGKILL at once (its shepherd cancels the step); the scancel is queued."""
         node = worker.rpartition(".")[0]
         step = self._steps.pop(node, None)
-        if step is not None:
-            try:
-                commands.cancel_step(self.job_id, step)
-            except commands.SlurmCommandError as e:
-                log.warning("could not cancel step %s.%s on %s: %s", self.job_id, step, node, e)
         proc = self._procs.get(node)
         if proc is not None and proc.returncode is None:
             try:
                 proc.send_signal(signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if step is not None:
+            self.commands.submit("cancel_step", partial(commands.cancel_step, self.job_id, step), job=self.job_id, node=node, slurm_step=step, worker=worker)
 
     def exclude_node(self, node: str, why: str) -> None:
+        """Never placed again by this job (now); drained through Slurm when configured (queued)."""
         self._excluded.add(node)
         if self.cfg.cluster.drain_failed_nodes:
-            try:
-                commands.drain_node(node, f"ckptless_hpc job {self.job_id}: {why}"[:200])
-            except commands.SlurmCommandError as e:
-                log.warning("could not drain %s (not permitted?): %s", node, e)
+            reason = f"ckptless_hpc job {self.job_id}: {why}"[:200]
+            self.commands.submit("drain_node", partial(commands.drain_node, node, reason), job=self.job_id, node=node)
 
     def launched_identity(self, worker: str) -> Optional[Tuple[int, ...]]:
         """(srun pid, start ticks, step id) of the step this launcher started for ``worker``'s node."""
@@ -325,6 +340,8 @@ class SlurmLauncher:
         for node, p in self._procs.items():
             if p.returncode is None:
                 self.kill_worker(f"{node}.0")
+        # the queued scancel/scontrol calls: each is bounded by commands.DEFAULT_TIMEOUT_S
+        await asyncio.get_running_loop().run_in_executor(None, self.commands.drain, timeout_s + commands.DEFAULT_TIMEOUT_S)
         for t in self._waiters:
             try:
                 await asyncio.wait_for(t, timeout=10)

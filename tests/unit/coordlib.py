@@ -30,6 +30,12 @@ class NoLauncher:
     def exclude_node(self, node: str, why: str) -> None:
         pass
 
+    def hold_commands(self) -> None:
+        pass
+
+    def release_commands(self) -> None:
+        pass
+
     def log_path(self, wid: str) -> str:
         return "/nonexistent"
 
