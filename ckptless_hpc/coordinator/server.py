@@ -358,8 +358,8 @@ class Coordinator(Channel, Ending):
     def _command_done(self, outcome: Dict[str, Any]) -> None:
         rec = self.workers.get(outcome.get("worker", ""))
         kw = {k: v for k, v in outcome.items() if k not in ("job", "worker")}
-        self._emit("scheduler_command", rec, **kw)
-        what = f"{outcome['action']} (node {outcome.get('node')}, Slurm step {outcome.get('slurm_step')}, gen {self.gen}, rank {rec.rank if rec else None})"
+        self._emit("scheduler_command", rec, step=self.steps.last_step, **kw)
+        what = f"{outcome['action']} (node {outcome.get('node')}, Slurm step {outcome.get('slurm_step')}, gen {self.gen}, rank {rec.rank if rec else None}, at step {self.steps.last_step})"
         if outcome["ok"]:
             log.info("%s took %.2fs, queued %.2fs before", what, outcome["seconds"], outcome["waited_s"])
         else:
@@ -602,6 +602,7 @@ class Coordinator(Channel, Ending):
             if plan is None:
                 lost = reason.startswith(LOST)
                 self._emit("state_lost" if lost else "no_spare", reason=reason)
+                self.launcher.release_commands()  # nothing to promote: drain the failed nodes while the state is saved
                 return await self._save_and_requeue(reason, survivors, held_steps, state_lost=lost)
             rec.target_step = plan.target_step
             self.members.adopt(plan)

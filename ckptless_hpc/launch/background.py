@@ -80,9 +80,10 @@ class CommandQueue:
         with self._cv:
             return len(self._queue) + (1 if self._busy else 0)
 
-    def drain(self, timeout_s: float) -> bool:
-        """Release the hold, wait up to ``timeout_s`` for the queue to empty, then close it.
-        True when every command ran. From any thread but the queue's own."""
+    def flush(self, timeout_s: float) -> bool:
+        """Release the hold and wait up to ``timeout_s`` until every queued command has run
+        (before a command that must come after them, e.g. a requeue after a drain). True when
+        the queue is empty. From any thread but the queue's own."""
         deadline = time.monotonic() + timeout_s
         with self._cv:
             self._held = False
@@ -93,10 +94,16 @@ class CommandQueue:
                     break
                 self._cv.wait(left)
             done = not self._queue and not self._busy
-            self._closed = True
-            self._cv.notify_all()
         if not done:
             log.warning("%d scheduler command(s) still queued or running after %.0f s: %s", self.pending(), timeout_s, [c.action for c in self._queue])
+        return done
+
+    def drain(self, timeout_s: float) -> bool:
+        """``flush``, then close the queue (a later ``submit`` is refused and logged)."""
+        done = self.flush(timeout_s)
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
         return done
 
     def _next(self) -> Optional[Command]:

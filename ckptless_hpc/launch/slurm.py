@@ -316,6 +316,7 @@ class SlurmLauncher:
 
     def requeue(self, reason: str) -> Optional[str]:
         """Requeue the job (None) or say why not. After submitit's signal it requeues us itself."""
+        self.commands.flush(2 * commands.DEFAULT_TIMEOUT_S)  # a queued drain of a failed node comes first
         if self.requeue_by_submitit:
             return None
         if self.requeues >= self.cfg.cluster.max_requeues:

@@ -143,8 +143,22 @@ def test_crashed_node_is_replaced_by_the_spare(slurm_env, tmp_path, baseline, sl
         s = _finished(job, tmp_path)
     finally:
         slurm_cluster.start_node(victim_node)
-    _assert_one_recovery(s, victim_node)
+    rec = _assert_one_recovery(s, victim_node)
     assert s["final_state_sha256"] == baseline(*LM)
+    _assert_scancel_off_the_recovery_path(tmp_path, s, rec, victim_node)
+
+
+def _assert_scancel_off_the_recovery_path(run_dir: Path, s: Dict, rec: Dict, node: str) -> None:
+    """slurmctld answers a scancel for a crashed node's step only after seconds (6.0 s here): it
+    must be issued after the promotion, and neither the recovery nor the loop may wait for it."""
+    ev = _events(run_dir)
+    cancel = next((e for e in ev if e["event"] == "scheduler_command" and e["action"] == "cancel_step" and e["node"] == node), None)
+    assert cancel is not None, [e for e in ev if e["event"] == "scheduler_command"]
+    promoted = next(e for e in ev if e["event"] == "spare_promoted")
+    assert cancel["started_at"] >= promoted["time"], (cancel, promoted)  # issued after the promotion was sent
+    assert rec["t_ready"] < cancel["finished_at"], (rec, cancel)  # the world re-formed while slurmctld was still answering
+    assert rec["reconfigure_s"] < 0.5 * cancel["seconds"], (rec, cancel)
+    assert s["coordinator_stalls"]["worst_s"] < 0.5 * cancel["seconds"], (s["coordinator_stalls"], cancel)  # the loop never waited for it
 
 
 def test_warning_signal_saves_once_requeues_and_resumes(slurm_env, tmp_path, baseline):

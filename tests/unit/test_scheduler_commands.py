@@ -153,3 +153,13 @@ def test_the_recovery_sends_the_promotion_before_any_scheduler_command(tmp_path)
     assert order.index(("release",)) > promoted  # released only once the spare has its rank
     events = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert events.index("spare_promoted") < events.index("reformed")
+
+
+def test_flush_waits_for_every_queued_command_and_keeps_the_queue_open():
+    ran: List[str] = []
+    q = CommandQueue()
+    q.hold()
+    q.submit("drain_node", _recorder(ran, "drain"), node="n2")
+    assert q.flush(10) and ran == ["drain"] and not q.held  # a requeue may follow now
+    q.submit("cancel_step", _recorder(ran, "cancel"))
+    assert q.drain(10) and ran == ["drain", "cancel"]
