@@ -172,13 +172,15 @@ class JobRun:
         return [e["step_s"] for e in self.of("step") if e.get("step", 0) > skip and e.get("step_s") is not None]
 
 
-def run_ckptless(run_dir: Path, overrides: Sequence[str], timeout_s: float = 600, expect_rc: int = 0, sample_cpu: bool = False) -> JobRun:
-    """Run ``python -m ckptless_hpc`` as a user would; its output goes to run_dir/stdout.log."""
+def run_ckptless(run_dir: Path, overrides: Sequence[str], timeout_s: float = 600, expect_rc: int = 0, sample_cpu: bool = False,
+                 env: Optional[Dict[str, str]] = None) -> JobRun:
+    """Run ``python -m ckptless_hpc`` as a user would; its output goes to run_dir/stdout.log.
+    ``env``: laid over this process's environment for the job (the coordinator and its workers)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "ckptless_hpc", f"hydra.run.dir={run_dir}", "train.log_every=1000000", *overrides]
     t0 = time.monotonic()
     with open(run_dir / "stdout.log", "w", encoding="utf-8") as out:
-        p = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=None if env is None else {**os.environ, **env})
         sampler = CpuSampler(p.pid).start() if sample_cpu else None
         try:
             rc = p.wait(timeout=timeout_s)

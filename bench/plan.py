@@ -61,6 +61,12 @@ class Plan:
     b8_modes_available: Tuple[str, ...] = ("zero",)
     b8_recover_sizes: Tuple[str, ...] = ("tiny",)
     b8_recover_steps: int = 20
+    # B1 on the Slurm mini-cluster (bench/slurm_path.py; root only): a crashed node and a killed
+    # step, each b1_slurm_reps times, next to the local killed worker; 0 reps: not in this mode
+    b1_slurm_size: str = "default"
+    b1_slurm_steps: int = 200
+    b1_slurm_fault_step: int = 60
+    b1_slurm_reps: int = 0
     notes: Dict[str, str] = field(default_factory=dict)
 
 
@@ -88,6 +94,7 @@ FULL = Plan(
     b6_size="default", b6_interval_s=60.0, b6_failures=2,
     b8_size="100M", b8_steps=16, b8_reps=2, b8_factors=(1, 2), b8_recover_sizes=("10M", "100M"), b8_recover_steps=10,
     b8_modes=("zero", "fsdp"), b8_modes_available=("zero", "fsdp", "hsdp"),
+    b1_slurm_reps=3,
 )
 
 PLANS = {"quick": QUICK, "full": FULL}

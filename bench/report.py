@@ -42,6 +42,7 @@ def rows(res: Dict[str, Any]) -> List[List[str]]:
             f"transfer {_s(h['transfer_s'], '', 3)}, first step {_s(h['resume_s'])})",
             "-", "-",
         ])
+    out += b1_slurm_rows(res.get("b1_slurm"))
     b2 = res["b2"]
     if b2.get("status") == "ok":
         ft = b2["torchft"]
@@ -93,6 +94,28 @@ def rows(res: Dict[str, Any]) -> List[List[str]]:
     ])
     out += b7_rows(res.get("b7"))
     return out
+
+
+def b1_slurm_rows(b1s: Optional[Dict[str, Any]]) -> List[List[str]]:
+    """B1 on the Slurm mini-cluster: a crashed node and a killed step vs the local killed worker."""
+    if not b1s:
+        return []
+    if b1s.get("status") != "ok":
+        return [["B1 Slurm (mini-cluster)", b1s.get("status", "skipped"), "-", "n/a"]]
+    ref, t = b1s["local_kill"], b1s["target_s"]
+    rows_ = []
+    for kind, label in (("crash", "crashed node"), ("step", "killed step")):
+        p = b1s[kind]
+        over = p["downtime_s"] - ref["downtime_s"]
+        rows_.append([
+            f"B1 Slurm {label}, {b1s['size']} model",
+            f"{_s(p['downtime_s'], 's', 3)} from the fault (to detection {_s(p['fault_to_detect_s'], '', 3)}, reconf {_s(p['reconfigure_s'], '', 3)}, "
+            f"transfer {_s(p['transfer_s'], '', 3)}, first step {_s(p['resume_s'], '', 3)}) vs local killed worker {_s(ref['downtime_s'], 's', 3)}: "
+            f"{over:+.3f}s; scancel of the dead step {_s(p['scancel_s'])} after the promotion, loop stall {_s(p['coordinator_worst_stall_s'], 's', 2)}; "
+            f"oracle {'held' if p['oracle'] else 'BROKEN'} ({p['reps']} runs)",
+            f"<= local + {t:.1f}s", _ok(over <= t),
+        ])
+    return rows_
 
 
 def b7_rows(b7: Optional[Dict[str, Any]]) -> List[List[str]]:

@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # python bench/run.py
 
 from ckptless_hpc import sim  # noqa: E402
 
-from . import b7 as b7lib, b8 as b8lib, ckpt_restart, report, torchft_bench, transfer  # noqa: E402
+from . import b7 as b7lib, b8 as b8lib, ckpt_restart, report, slurm_path, torchft_bench, transfer  # noqa: E402
 from .common import REPO, SIZES, BenchError, JobRun, cpu_per_step, lm_params, machine_info, median, run_ckptless, task_overrides  # noqa: E402
 from .plan import PLANS, Plan  # noqa: E402
 
@@ -59,16 +59,16 @@ class Bench:
         self.n = 0
 
     # ---------------------------------------------------------------- jobs, cached by config
-    def job(self, label: str, overrides: List[str], reps: int = 1, sample_cpu: bool = False) -> List[JobRun]:
-        """``reps`` runs of a ckptless_hpc job; an identical config asked twice is run once."""
-        key = tuple(sorted(overrides))
+    def job(self, label: str, overrides: List[str], reps: int = 1, sample_cpu: bool = False, env: Optional[Dict[str, str]] = None) -> List[JobRun]:
+        """``reps`` runs of a ckptless_hpc job; an identical config (and ``env``) asked twice is run once."""
+        key = tuple(sorted(overrides)) + tuple(sorted((env or {}).items()))
         have = self.runs.setdefault(key, [])
         while len(have) < reps:
             self.n += 1
             run_dir = self.tmp / f"{self.n:02d}-{label}"
             shutil.rmtree(run_dir, ignore_errors=True)
             t0 = time.monotonic()
-            have.append(run_ckptless(run_dir, overrides, sample_cpu=sample_cpu))
+            have.append(run_ckptless(run_dir, overrides, sample_cpu=sample_cpu, env=env))
             log(f"  {label}: {time.monotonic() - t0:.0f}s ({run_dir.name})")
         return have[:reps]
 
@@ -201,6 +201,35 @@ class Bench:
         )
         return out
 
+    # ---------------------------------------------------------------- B1 on real Slurm
+    def b1_slurm(self) -> Dict[str, Any]:
+        """A crashed node and a killed step on the mini-cluster vs the local killed worker (bench/slurm_path.py)."""
+        p = self.plan
+        if p.b1_slurm_reps <= 0:
+            return {"status": f"skipped: not in the {p.name} run (python -m bench --only b1_slurm)"}
+        env, why = slurm_path.ensure_cluster()
+        if env is None:
+            log(f"B1 Slurm: {why}")
+            return {"status": why}
+        log(f"B1 Slurm: {p.b1_slurm_size} model, {p.b1_slurm_steps} steps, rank 1's node crashed / its step cancelled after step {p.b1_slurm_fault_step}, {p.b1_slurm_reps} each")
+        base = task_overrides(p.b1_slurm_size) + NO_REFILL + [f"train.steps={p.b1_slurm_steps}"]
+        local = self.job("b1-slurm-local-kill", base + ["fault=kill_worker", "fault.rank=1", f"fault.step={p.b1_slurm_fault_step}"], p.b1_slurm_reps)
+        fault_free = self.job("b1-slurm-local-fault-free", base)[0].summary["final_state_sha256"]
+        runs = slurm_path.SlurmRuns(env, p.b1_slurm_size, p.b1_slurm_steps, p.b1_slurm_fault_step)
+        crash, step = [], []
+        for _ in range(p.b1_slurm_reps):  # alternated, so that load drifts hit both
+            for kind, into in (("crash", crash), ("step", step)):
+                t0 = time.monotonic()
+                into.append(runs.faulted(kind, self.rundir(f"b1-slurm-{kind}")))
+                log(f"  b1-slurm-{kind}: {time.monotonic() - t0:.0f}s: downtime {into[-1]['downtime_s']:.3f}s, scancel {into[-1]['scancel_s']}s")
+        out = dict(slurm_path.summarize(crash, step, local, fault_free), status="ok", size=p.b1_slurm_size, steps=p.b1_slurm_steps, fault_step=p.b1_slurm_fault_step)
+        log(
+            f"  crashed node {out['crash']['downtime_s']:.3f}s, killed step {out['step']['downtime_s']:.3f}s vs local killed worker "
+            f"{out['local_kill']['downtime_s']:.3f}s (+{out['crash_over_local_s']:.3f}s, +{out['step_over_local_s']:.3f}s); "
+            f"scancel of the dead step {out['crash']['scancel_s']:.2f}s, off the path; oracle {out['crash']['oracle'] and out['step']['oracle']}"
+        )
+        return out
+
     # ---------------------------------------------------------------- B5: scaling
     def b5(self) -> Dict[str, Any]:
         p = self.plan
@@ -209,6 +238,13 @@ class Bench:
         for rep in range(p.b5_reps):  # alternate the sizes so that load drifts hit all of them
             for n in p.b5_nodes:
                 runs[n] = self.job(f"b5-n{n}", self._b5_overrides(n), rep + 1)
+        out = self._b5_summary(runs)
+        lo, hi = out["rows"][0], out["rows"][-1]
+        log(f"  downtime {lo['downtime_s']:.3f}s at {lo['workers']} -> {hi['downtime_s']:.3f}s at {hi['workers']} workers ({out['growth_pct']:+.0f}%)")
+        return out
+
+    def _b5_summary(self, runs: Dict[int, List[JobRun]]) -> Dict[str, Any]:
+        p = self.plan
         rows = []
         for n in p.b5_nodes:
             recs = [r.summary["recoveries"][0] for r in runs[n]]
@@ -225,9 +261,38 @@ class Bench:
             "growth_excl_resume_pct": 100.0 * (hi["recovery_excl_resume_s"] / lo["recovery_excl_resume_s"] - 1.0),
             "step_growth_pct": 100.0 * (hi["step_s"] / lo["step_s"] - 1.0),
             "growth_in_steps_pct": 100.0 * (hi["downtime_steps"] / lo["downtime_steps"] - 1.0),
+            "resume_growth_pct": 100.0 * (hi["resume_s"] / lo["resume_s"] - 1.0),  # the first step: where a lazily connected group pays
             "from_to": [lo["workers"], hi["workers"]],
         }
-        log(f"  downtime {lo['downtime_s']:.3f}s at {lo['workers']} -> {hi['downtime_s']:.3f}s at {hi['workers']} workers ({out['growth_pct']:+.0f}%)")
+        return out
+
+    # ---------------------------------------------------------------- gloo's lazy connection setup
+    def gloo_lazy(self) -> Dict[str, Any]:
+        """B5 and B3 with TORCH_GLOO_LAZY_INIT=1 (pairs connect on first use) and =0 (every pair
+        at formation), interleaved run by run so that load drifts hit both."""
+        p = self.plan
+        variants = {"lazy": {"TORCH_GLOO_LAZY_INIT": "1"}, "eager": {"TORCH_GLOO_LAZY_INIT": "0"}}
+        log(f"gloo lazy vs eager connection setup: B5 ({p.b5_size} model, workers {p.b5_nodes}, {p.b5_reps} each) and B3 ({p.b3_size}, {p.b3_steps} steps, {p.b3_reps} pairs)")
+        b5: Dict[str, Dict[int, List[JobRun]]] = {v: {} for v in variants}
+        for rep in range(p.b5_reps):
+            for n in p.b5_nodes:
+                for v, env in variants.items():
+                    b5[v][n] = self.job(f"gloo-{v}-b5-n{n}", self._b5_overrides(n), rep + 1, env=env)
+        steps: Dict[str, List[float]] = {v: [] for v in variants}
+        ratios = []
+        for rep in range(p.b3_reps):  # back-to-back pairs, as B3
+            for v, env in variants.items():
+                j = self.job(f"gloo-{v}-b3", task_overrides(p.b3_size) + [f"train.steps={p.b3_steps}"], rep + 1, env=env)[rep]
+                steps[v].append(median(j.step_intervals()))
+            ratios.append(steps["lazy"][-1] / steps["eager"][-1])
+        out: Dict[str, Any] = {v: {"env": env, "b5": self._b5_summary(b5[v]), "b3_step_s": median(steps[v]), "b3_step_s_per_rep": steps[v]} for v, env in variants.items()}
+        out["b3_lazy_over_eager_pct"] = 100.0 * (median(ratios) - 1.0)
+        out["b3_pair_ratios"] = ratios
+        for v in variants:
+            b = out[v]["b5"]
+            log(f"  {v}: B5 growth {b['growth_pct']:+.0f}% (excl. first step {b['growth_excl_resume_pct']:+.0f}%, first step {b['resume_growth_pct']:+.0f}%), "
+                f"reconfigure {[round(r['reconfigure_s'], 3) for r in b['rows']]}; B3 step {1e3 * out[v]['b3_step_s']:.2f} ms")
+        log(f"  B3 lazy vs eager {out['b3_lazy_over_eager_pct']:+.1f}% (pairs {[round(r, 3) for r in ratios]})")
         return out
 
     def _b5_overrides(self, n: int) -> List[str]:
@@ -387,14 +452,32 @@ def headline(res: Dict[str, Any]) -> Dict[str, Optional[float]]:
     return {
         "b1_downtime_s": _f(b1p["kill"]["downtime_s"]),
         "b1_ratio_vs_ckpt_restart": _f(b1p["ratio_kill"]),
+        # checkpoint-restart's downtime over ours, both net of one step (issue 14)
+        "b1_net_ratio_10m": _b1_net_ratio(res["b1"], "10M"),
+        "b1_net_ratio_100m": _b1_net_ratio(res["b1"], "100M"),
         "b2_ratio_vs_torchft": _f(b2["ratio"]) if b2.get("status") == "ok" else None,
         "b3_overhead_pct": _f(res["b3"]["overhead_pct"]),
         "b4_transfer_fraction_of_loopback": _f(res["b4"]["fraction_of_loopback"]),
         "b5_growth_pct_2_to_8": _f(res["b5"]["growth_pct"]),
+        "b5_growth_pct_net_2_to_8": _f(res["b5"]["growth_excl_resume_pct"]),  # detect + reconfigure + transfer
         "b6_goodput_local": _f(res["b6"]["ckptless"]["goodput"]),
         "b6_goodput_sim_16k": _f(res["b6_sim"]["at_16k"]["checkpointless_goodput"]),
         **b7lib.headline(res.get("b7")),
         **b8lib.headline(res.get("b8")),
+        **slurm_headline(res.get("b1_slurm")),
+    }
+
+
+def _b1_net_ratio(b1: Dict[str, Any], size: str) -> Optional[float]:
+    p = next((q for q in b1["points"] if q["size"] == size), None)
+    return None if p is None else _f(p["ratio_lost_time"])
+
+
+def slurm_headline(b1s: Optional[Dict[str, Any]]) -> Dict[str, Optional[float]]:
+    ok = bool(b1s) and b1s.get("status") == "ok"
+    return {
+        "b1_slurm_node_crash_s": _f(b1s["crash"]["downtime_s"]) if ok else None,
+        "b1_slurm_step_kill_s": _f(b1s["step"]["downtime_s"]) if ok else None,
     }
 
 
@@ -408,7 +491,7 @@ def _clean(x: Any) -> Any:
     return x
 
 
-SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7", "b8")
+SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7", "b8", "b1_slurm")
 
 
 def _write(res: Dict[str, Any], results: Path) -> None:
@@ -431,7 +514,7 @@ def _resim(results: Path, plan: Plan) -> int:
     return 0
 
 
-INDEPENDENT = ("b3", "b4", "b5", "b7", "b8")  # sections that use no other section's results
+INDEPENDENT = ("b3", "b4", "b5", "b7", "b8", "b1_slurm", "gloo_lazy")  # sections that use no other section's results
 
 
 def _only(names: List[str], plan: Plan, results: Path, add_to_latest: bool = False) -> int:
@@ -472,6 +555,8 @@ def _add_to_latest(res: Dict[str, Any], names: List[str], latest: Path) -> None:
         old.update(b7lib.headline(res["b7"]))
     if "b8" in names:
         old.update(b8lib.headline(res["b8"]))
+    if "b1_slurm" in names:
+        old.update(slurm_headline(res["b1_slurm"]))
     latest.write_text(json.dumps(_clean(old), indent=2) + "\n", encoding="utf-8")
     print(f"added {', '.join(names)} to {latest}")
 
@@ -513,6 +598,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "b6_sim": lambda: b.b6_sim(res["b1"], res["b3"], res["b5"]),
         "b7": b.b7,
         "b8": b.b8,
+        "b1_slurm": b.b1_slurm,
     }
     for name in SECTIONS:
         res[name] = steps[name]()
