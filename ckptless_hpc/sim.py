@@ -29,6 +29,15 @@ Group (re-)formation cost grows with the world size: ``group_init_per_doubling_s
 both the checkpointless reconfigure phase and the restart, per doubling of the GPU count
 beyond ``ref_gpus`` (the size at which the phases were measured).
 
+The transfer phase is either the measured ``transfer_s`` or, given ``state_gb`` and
+``source_gb_per_s``, derived from bandwidth: a replacement fetching disjoint pieces from
+``sources`` peers at once receives at ``min(sources * source_gb_per_s, link_gb_per_s)`` (on a
+cluster each node has its own link, so senders add up until the receiver's link is full; on one
+machine's loopback they share the same cores and add little). Only ``params_fraction`` of the
+bytes (parameters, buffers, scalars) must arrive before the first step; the rest (optimizer
+moments) may arrive during the first step's forward and backward, ``overlap_s`` of compute that
+hides that much of it.
+
 ``python -m ckptless_hpc.sim --gpus 16384`` prints the comparison; ``--help`` lists the costs.
 """
 
@@ -73,9 +82,16 @@ class Costs:
     restart_s: float = 5.28  # checkpoint-restart: failure -> every rank relaunched, group formed, checkpoint loaded (R)
     group_init_per_doubling_s: float = 0.007  # added to reconfigure and restart per doubling beyond ref_gpus (B5)
     ref_gpus: int = 2  # world size at which the phases above were measured
+    state_gb: float = 0.0  # checkpointless: bytes a replacement fetches (GB); 0: use transfer_s as measured
+    source_gb_per_s: float = 0.0  # one source's sending rate (GB/s; B4 measured 2.38 on loopback)
+    sources: int = 1  # peers a replacement fetches disjoint pieces from at once
+    link_gb_per_s: float = 0.0  # the receiver's link: the most the sources add up to (GB/s); 0: no cap
+    params_fraction: float = 1.0  # share of the state the first step needs before it starts (1: all of it)
+    overlap_s: float = 0.0  # first-step compute (forward + backward) that the rest of the state arrives behind
 
     def validate(self) -> None:
-        for name in ("detect_s", "reconfigure_s", "transfer_s", "resume_s", "save_s", "restart_s", "group_init_per_doubling_s"):
+        for name in ("detect_s", "reconfigure_s", "transfer_s", "resume_s", "save_s", "restart_s", "group_init_per_doubling_s",
+                     "state_gb", "source_gb_per_s", "link_gb_per_s", "overlap_s"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name}={v!r}: must be a finite number >= 0. HINT: costs are seconds measured by python -m bench")
@@ -85,6 +101,28 @@ class Costs:
             raise ValueError(f"save_s={self.save_s!r}: a checkpoint cannot be free. HINT: pass the measured torch.save time")
         if self.ref_gpus < 1:
             raise ValueError(f"ref_gpus={self.ref_gpus!r}: must be >= 1. HINT: the world size the costs were measured at")
+        if self.sources < 1:
+            raise ValueError(f"sources={self.sources!r}: must be >= 1. HINT: the peers a replacement fetches from at once")
+        if not 0 < self.params_fraction <= 1:
+            raise ValueError(f"params_fraction={self.params_fraction!r}: must be in (0, 1]. HINT: AdamW state is 2/3 of the bytes, so parameters first is about 0.33")
+        if self.state_gb > 0 and self.source_gb_per_s <= 0:
+            raise ValueError(f"state_gb={self.state_gb!r} needs source_gb_per_s > 0 (seen {self.source_gb_per_s!r}). HINT: B4's state transfer rate, e.g. 2.38")
+
+    def fetch_s(self) -> float:
+        """The whole state's transfer: measured, or bytes over the bandwidth of ``sources`` peers."""
+        if self.state_gb <= 0:
+            return self.transfer_s
+        rate = self.sources * self.source_gb_per_s
+        if self.link_gb_per_s > 0:
+            rate = min(rate, self.link_gb_per_s)
+        return self.state_gb / rate
+
+    def critical_transfer_s(self) -> float:
+        """The part of the transfer the recovery waits for: what the first step needs before it
+        starts, plus whatever of the rest its forward and backward (``overlap_s``) do not hide."""
+        t = self.fetch_s()
+        first = self.params_fraction * t
+        return first + max(0.0, t - first - self.overlap_s)
 
     def scale_s(self, gpus: int) -> float:
         """Extra group-formation time at ``gpus`` GPUs, relative to ``ref_gpus``."""
@@ -92,7 +130,7 @@ class Costs:
 
     def downtime_s(self, gpus: int) -> float:
         """Checkpointless downtime per failure at ``gpus`` GPUs."""
-        return self.detect_s + self.reconfigure_s + self.scale_s(gpus) + self.transfer_s + self.resume_s
+        return self.detect_s + self.reconfigure_s + self.scale_s(gpus) + self.critical_transfer_s() + self.resume_s
 
     def restart_at_s(self, gpus: int) -> float:
         return self.restart_s + self.scale_s(gpus)

@@ -112,3 +112,28 @@ def test_cli_table_and_json(capsys):
     assert "1024" in text and "100000" in text and "goodput" in text
     assert sim.main(["--detect-s", "-3"]) == 2
     assert "detect_s" in capsys.readouterr().err
+
+
+def test_the_defaults_keep_the_measured_transfer():
+    c = sim.Costs(detect_s=1.0, reconfigure_s=0.1, transfer_s=0.6, resume_s=1.0, group_init_per_doubling_s=0.0)
+    assert c.critical_transfer_s() == pytest.approx(0.6) and c.downtime_s(1024) == pytest.approx(2.7)
+
+
+def test_several_sources_add_up_until_the_receivers_link_is_full():
+    one = sim.Costs(state_gb=1.2, source_gb_per_s=2.4)
+    assert one.fetch_s() == pytest.approx(0.5)  # the measured transfer_s is ignored once bytes and rate are given
+    assert sim.Costs(state_gb=1.2, source_gb_per_s=2.4, sources=4).fetch_s() == pytest.approx(0.125)
+    capped = sim.Costs(state_gb=1.2, source_gb_per_s=2.4, sources=4, link_gb_per_s=6.0)
+    assert capped.fetch_s() == pytest.approx(0.2)
+
+
+def test_parameters_first_hides_the_rest_behind_the_first_steps_compute():
+    c = sim.Costs(transfer_s=0.6, params_fraction=1 / 3, overlap_s=0.3)
+    assert c.critical_transfer_s() == pytest.approx(0.2 + 0.1)  # 0.4 s of moments, 0.3 s hidden
+    assert sim.Costs(transfer_s=0.6, params_fraction=1 / 3, overlap_s=1.0).critical_transfer_s() == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("kw, field", [({"sources": 0}, "sources"), ({"params_fraction": 0.0}, "params_fraction"), ({"state_gb": 1.0}, "source_gb_per_s")])
+def test_bad_transfer_costs_name_the_field(kw, field):
+    with pytest.raises(ValueError, match=field):
+        sim.compare(16384, sim.Costs(**kw))
