@@ -80,17 +80,26 @@ def plan_recovery(
         return None, f"no surviving rank holds a committed state (failed: {sorted(failed)})"
     target = max(known.values())
     holders = [w for r, w in sorted(survivors.items()) if known.get(w) == target]
-    lost = sorted(r for r, w in ranks.items() if w in failed)
-    candidates = order_spares(spares, active_nodes, bad_nodes)
-    if len(candidates) < len(lost):
-        return None, f"no spare left: {len(lost)} rank(s) {lost} failed and {len(candidates)} usable spare(s) remain"
-    promoted = {r: candidates[i].worker for i, r in enumerate(lost)}
+    promoted, why = _promote(ranks, failed, spares, active_nodes, bad_nodes)
+    if promoted is None:
+        return None, why
     new_ranks = dict(survivors)
     new_ranks.update(promoted)
     needing = [w for r, w in sorted(new_ranks.items()) if r in promoted or known.get(w) != target]
     sources = {w: spread_sources(holders, i, max_sources) for i, w in enumerate(needing)}
     reason = f"target step {target}; " + ", ".join(f"rank {r} -> {w}" for r, w in promoted.items())
     return Plan(target, dict(sorted(new_ranks.items())), promoted, sources), reason
+
+
+def _promote(
+    ranks: Mapping[int, str], failed: Set[str], spares: Sequence[Spare], active_nodes: Set[str], bad_nodes: Set[str]
+) -> Tuple[Optional[Dict[int, str]], str]:
+    """Each failed rank -> a usable spare (best first), or (None, why) when too few are left."""
+    lost = sorted(r for r, w in ranks.items() if w in failed)
+    candidates = order_spares(spares, active_nodes, bad_nodes)
+    if len(candidates) < len(lost):
+        return None, f"no spare left: {len(lost)} rank(s) {lost} failed and {len(candidates)} usable spare(s) remain"
+    return {r: candidates[i].worker for i, r in enumerate(lost)}, ""
 
 
 def spread_sources(holders: Sequence[str], i: int, k: int) -> List[str]:
@@ -117,11 +126,9 @@ def plan_sharded_recovery(
     from ..state.placement import plan_shards
 
     survivors = {r: w for r, w in ranks.items() if w not in failed}
-    lost = sorted(r for r, w in ranks.items() if w in failed)
-    candidates = order_spares(spares, active_nodes, bad_nodes)
-    if len(candidates) < len(lost):
-        return None, f"no spare left: {len(lost)} rank(s) {lost} failed and {len(candidates)} usable spare(s) remain"
-    promoted = {r: candidates[i].worker for i, r in enumerate(lost)}
+    promoted, why = _promote(ranks, failed, spares, active_nodes, bad_nodes)
+    if promoted is None:
+        return None, why
     new_ranks = dict(survivors)
     new_ranks.update(promoted)
     alive = {w: inventories.get(w, {}) for w in survivors.values()}

@@ -60,12 +60,17 @@ def collect_state(
         else:
             task_scalars[k] = v
     meta = {"step": step, "param_groups": sd["param_groups"], "optim_scalars": scalars, "task_scalars": task_scalars, **(extra or {})}
+    return entries, plain_meta(meta)
+
+
+def plain_meta(meta: Dict[str, Any]) -> Dict[str, Any]:
+    """The metadata as plain JSON values (what the wire and the fingerprint carry), or a clear error."""
     try:
-        return entries, json.loads(json.dumps(meta))
+        return json.loads(json.dumps(meta))
     except (TypeError, ValueError) as e:
         raise ValueError(
-            f"the training state's metadata cannot be carried to a replacement ({e}). HINT: a scheduler's or a task's "
-            "state_dict() may hold only numbers, strings, lists and dicts besides tensors"
+            f"the training state's metadata cannot be carried to a replacement ({e}). HINT: param groups, a scheduler's "
+            "and a task's state_dict() may hold only numbers, strings, lists and dicts besides tensors"
         ) from None
 
 

@@ -18,13 +18,12 @@ fail here (HSDP's cross-replica all-reduce) is released only when the group is d
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from . import fsdp
-from ..state.snapshot import Entries
+from ..state.snapshot import Entries, plain_meta
 
 
 class StepFailed(RuntimeError):
@@ -147,13 +146,7 @@ class FSDPStrategy:
                 task_scalars[k] = v
         hyper = [{k: v for k, v in g.items() if k != "params"} for g in e.optimizer.param_groups]
         meta = {"step": step, "hyper": hyper, "task_scalars": task_scalars, **extra}
-        try:
-            return entries, json.loads(json.dumps(meta))
-        except (TypeError, ValueError) as err:
-            raise ValueError(
-                f"the training state's metadata cannot be carried to a replacement ({err}). HINT: param groups, a scheduler's "
-                "and a task's state_dict() may hold only numbers, strings, lists and dicts besides tensors"
-            ) from None
+        return entries, plain_meta(meta)
 
     def apply(self, entries: Entries, meta: Dict[str, Any]) -> None:
         e = self.e
