@@ -17,7 +17,17 @@ def placement(cfg: Any) -> List[str]:
         lines.append(f"  {name(n):<10} ranks {ranks}")
     for s in range(c.spare_nodes):
         lines.append(f"  {name(c.nodes + s):<10} spare ({c.workers_per_node} hot-spare worker(s): model built, waiting for a rank)")
-    lines.append("replicas: data parallel, every rank holds the full model and optimizer state; any healthy rank is a state source")
+    from ..coordinator.sharding import Layout
+
+    layout = Layout(cfg)
+    if not layout.sharded:
+        lines.append("replicas: data parallel, every rank holds the full model and optimizer state; any healthy rank is a state source")
+    else:
+        lines.append(f"state: {layout.describe()}")
+        holders = layout.place({r: name(r // c.workers_per_node) for r in range(c.nodes * c.workers_per_node)})
+        for owner, hs in sorted(holders.items()):
+            if hs:
+                lines.append(f"  rank {owner}'s shard copied to rank(s) {hs}")
     if c.backend == "local" and c.refill_spares:
         lines.append(f"refill: up to {c.max_refills} new spare node(s) after promotions")
     return lines

@@ -122,3 +122,12 @@ def test_sharded_layouts_that_work_are_accepted():
     assert validation_errors(_cfg(**{"parallel.mode": "zero", "cluster.nodes": 3, "replication.factor": 2})) == []
     assert validation_errors(_cfg(**{"parallel.mode": "hsdp", "parallel.shard_size": 2, "cluster.nodes": 2, "cluster.workers_per_node": 2})) == []
     assert validation_errors(_cfg(**{"parallel.mode": "fsdp", "replication.factor": 0})) == []
+
+
+def test_dry_run_shows_the_layout_and_where_each_copy_goes():
+    from ckptless_hpc.launch.dryrun import placement
+
+    lines = placement(_cfg(**{"parallel.mode": "zero", "cluster.nodes": 3, "replication.factor": 2}))
+    assert any("survives 2 simultaneous node losses" in line for line in lines), lines
+    assert "  rank 0's shard copied to rank(s) [1, 2]" in lines
+    assert not any("every rank holds the full model" in line for line in lines)
