@@ -319,12 +319,12 @@ class Worker:
             if self.step != target:
                 self._fetch(msg.get("sources", []), gen, target, timeout_s)
             self.holds_job_state = True  # loaded, fetched, or the fresh init of a job at step 0
-            if self.shards is not None:
-                self.shards.start_generation(self.engine, target)
             t0 = time.monotonic()
             self.client.send({"type": "joining", "gen": gen, "step": self.step})
             self.comm = self._interruptible(lambda: self._form(gen), gen, timeout_s, "form-group")
             self.engine.bind(self.comm)
+            if self.shards is not None:  # after the bind: a promoted FSDP spare holds its shard only once sharded
+                self.shards.start_generation(self.engine, target)
         except Aborted:
             return
         except (CollectiveError, TransferError) as e:

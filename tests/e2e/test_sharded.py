@@ -95,3 +95,14 @@ def test_the_default_lm_task_shards_with_fsdp(job, baseline):
     assert res.rc == 0, res.out[-3000:]
     assert len(res.summary["recoveries"]) == 1 and res.summary["recoveries"][0]["bytes_transferred"] > 0
     assert res.summary["final_state_sha256"] == baseline(*cfg)
+
+
+def test_a_replacement_killed_before_its_first_step_is_recovered_from_its_start_copy(job, baseline):
+    """The replacement of rank 1 dies computing its first step (the same fault, fired again on
+    it): its shard then comes from the copy it sent its holder when its generation started,
+    which must be its shard (a promoted FSDP spare holds it only once sharded)."""
+    cfg = ("task=mlp", "train.steps=20", "parallel=fsdp", "cluster.spare_nodes=2")
+    res = job(*cfg, "fault=kill_worker", "fault.rank=1", "fault.step=10", "fault.schedule=[{kind:kill_worker,rank:1,step:10}]")
+    assert res.rc == 0, res.out[-3000:]
+    assert sorted(res.summary["faults_fired"]) == [0, 1] and len(res.summary["recoveries"]) == 2
+    assert res.summary["final_state_sha256"] == baseline(*cfg)
