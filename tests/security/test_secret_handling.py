@@ -61,6 +61,7 @@ def test_slurm_worker_steps_get_the_secret_in_their_environment_only(tmp_path, m
 
     class _Proc:
         returncode = 0
+        pid = os.getpid()  # the launcher records the identity of what it starts (a real process)
 
         async def wait(self) -> int:
             return 0
