@@ -91,7 +91,6 @@ def _inv(**workers):
 
 
 def test_target_is_the_newest_step_every_shard_is_held_at():
-    ranks = {0: "a", 1: "b", 2: "c"}
     shard_of = {0: 0, 1: 1, 2: 2}
     # b died; a is one step ahead (its step committed there only); c holds b's copies at 19, 20
     inv = _inv(a={"0": [19, 20, 21], "2": [20, 21]}, c={"2": [20, 21], "1": [19, 20]})
