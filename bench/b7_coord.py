@@ -21,15 +21,14 @@ from hydra import compose, initialize_config_module
 
 from ckptless_hpc.config import register_configs, validate
 from ckptless_hpc.coordinator.server import Coordinator
+from ckptless_hpc.launch.base import Launcher
 from ckptless_hpc.launch.run import setup_logging
 from ckptless_hpc.metrics import DelayHistogram
 from ckptless_hpc.protocol import load_secret
 
 
-class SimLauncher:
+class SimLauncher(Launcher):
     """Nodes named ``sim<i>``; starting one only publishes the coordinator's address."""
-
-    batch_node = None
 
     def __init__(self, nodes: int, spare_nodes: int, address_file: str) -> None:
         self.nodes, self.spare_nodes, self.address_file = nodes, spare_nodes, address_file
@@ -45,18 +44,6 @@ class SimLauncher:
                 json.dump({"address": coordinator, "pid": os.getpid()}, f)
             os.replace(tmp, self.address_file)
         return [f"{name}.{j}" for j in range(workers)]
-
-    def register(self, worker: str, hello: Dict[str, Any]) -> None:
-        pass
-
-    def exclude_node(self, node: str, why: str) -> None:
-        pass
-
-    def hold_commands(self) -> None:
-        pass
-
-    def release_commands(self) -> None:
-        pass
 
     def requeue(self, reason: str) -> Optional[str]:
         return "the B7 launcher has no scheduler"

@@ -14,11 +14,15 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..coordinator.continuity import Identity, proc_identity
 from ..protocol import SECRET_ENV
+from .base import Launcher
 
 ExitCallback = Callable[[str, int], None]
 
 
-class LocalLauncher:
+class LocalLauncher(Launcher):
+    """Local processes: nothing waits for a scheduler (a kill is a signal, sent at once), and
+    local nodes are never reused anyway (replacements get new names)."""
+
     def __init__(self, nodes: int, spare_nodes: int, max_refills: int, bind_host: str, threads: int, log_dir: str, secret: str) -> None:
         self.nodes, self.spare_nodes, self.max_refills = nodes, spare_nodes, max_refills
         self.bind_host, self.threads, self.log_dir, self.secret = bind_host, threads, log_dir, secret
@@ -34,18 +38,6 @@ class LocalLauncher:
     def from_config(cls, cfg: Any, run_dir: str, secret: str) -> "LocalLauncher":
         c = cfg.cluster
         return cls(c.nodes, c.spare_nodes, c.max_refills, c.bind_host, cfg.train.threads, os.path.join(run_dir, "logs"), secret)
-
-    def register(self, worker: str, hello: Dict[str, Any]) -> None:
-        """A worker connected (nothing to note locally)."""
-
-    def hold_commands(self) -> None:
-        """Nothing waits for a scheduler here: a kill is a signal, sent at once."""
-
-    def release_commands(self) -> None:
-        """See ``hold_commands``."""
-
-    def exclude_node(self, node: str, why: str) -> None:
-        """Local nodes are never reused anyway: replacements get new names."""
 
     def requeue(self, reason: str) -> Optional[str]:
         """None when requeued, else why not."""

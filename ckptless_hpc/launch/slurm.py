@@ -26,6 +26,7 @@ from ..protocol import SECRET_ENV, new_secret
 from ..slurm import commands, render
 from ..slurm.env import SlurmEnvironment
 from .background import CommandQueue
+from .base import Launcher
 
 log = logging.getLogger("ckptless_hpc.slurm")
 
@@ -188,7 +189,7 @@ def _read_json(path: str) -> Dict[str, Any]:
         return {}
 
 
-class SlurmLauncher:
+class SlurmLauncher(Launcher):
     """Worker and spare nodes as srun steps inside the allocation (all Slurm I/O via ckptless_hpc.slurm).
 
     ``kill_worker`` and ``exclude_node`` never wait for slurmctld: their scancel/scontrol go to

@@ -7,6 +7,7 @@ from typing import Any, List
 from hydra import compose, initialize_config_module
 
 from ckptless_hpc.config import register_configs
+from ckptless_hpc.launch.base import Launcher
 
 register_configs()
 
@@ -16,25 +17,14 @@ def cfg(*overrides: str) -> Any:
         return compose(config_name="config", overrides=list(overrides))
 
 
-class NoLauncher:
+class NoLauncher(Launcher):
     """Starts nothing; records what the coordinator asked for (pure-logic tests only)."""
-
-    batch_node = None
 
     def __init__(self) -> None:
         self.killed: List[str] = []
 
     def kill_worker(self, wid: str) -> None:
         self.killed.append(wid)
-
-    def exclude_node(self, node: str, why: str) -> None:
-        pass
-
-    def hold_commands(self) -> None:
-        pass
-
-    def release_commands(self) -> None:
-        pass
 
     def log_path(self, wid: str) -> str:
         return "/nonexistent"
