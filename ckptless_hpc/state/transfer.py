@@ -238,6 +238,16 @@ class Arena:
         return self.buf[start : start + n].view(dtype).view(shape)
 
 
+def _connect(host: str, port: int, secret: str, timeout_s: float, what: str) -> socket.socket:
+    """An authenticated connection to a peer's StateServer, with ``timeout_s`` on every read."""
+    try:
+        sock = protocol.connect(host, port, secret, timeout_s=timeout_s)
+    except (OSError, protocol.ProtocolError) as e:
+        raise TransferError(f"cannot reach {what} {host}:{port}: {e}") from None
+    sock.settimeout(timeout_s)
+    return sock
+
+
 def fetch_state(
     host: str, port: int, secret: str, gen: int, step: int, timeout_s: float, arena: Optional[Arena] = None, shard: Optional[int] = None
 ) -> Received:
@@ -246,12 +256,8 @@ def fetch_state(
     t0 = time.monotonic()
     if arena is not None:
         arena.offset = 0
+    sock = _connect(host, port, secret, timeout_s, "state source")
     try:
-        sock = protocol.connect(host, port, secret, timeout_s=timeout_s)
-    except (OSError, protocol.ProtocolError) as e:
-        raise TransferError(f"cannot reach state source {host}:{port}: {e}") from None
-    try:
-        sock.settimeout(timeout_s)
         req: Dict[str, Any] = {"type": "fetch", "gen": gen, "step": step}
         if shard is not None:
             req["shard"] = shard
@@ -272,12 +278,8 @@ def push_state(host: str, port: int, secret: str, gen: int, shard: int, step: in
     """Send a copy of this rank's shard at ``step`` to a holder; returns once the holder has
     verified and kept it (its ack), in seconds. Raises TransferError on any problem."""
     t0 = time.monotonic()
+    sock = _connect(host, port, secret, timeout_s, "holder")
     try:
-        sock = protocol.connect(host, port, secret, timeout_s=timeout_s)
-    except (OSError, protocol.ProtocolError) as e:
-        raise TransferError(f"cannot reach holder {host}:{port}: {e}") from None
-    try:
-        sock.settimeout(timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         protocol.send_msg(sock, {"type": "replica", "gen": gen, "shard": shard, "step": step})
         _send_entries(sock, entries, meta)

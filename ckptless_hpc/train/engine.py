@@ -147,9 +147,6 @@ class Engine:
         self._loss_sum += loss.detach().to(torch.float64)
 
     def autocast(self) -> Any:
-        return self._autocast()
-
-    def _autocast(self) -> Any:
         if self.amp_dtype is None:
             return torch.autocast(self.device.type, enabled=False)
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
@@ -200,7 +197,7 @@ class Engine:
             last = micro == self.micro_batches - 1
             if last:
                 self.grads.arm(comm)
-            with self._autocast():
+            with self.autocast():
                 loss = self.task.loss(self.model, batch)
             if last and self.buffers:  # the forward has updated them: rank 0's go to everyone
                 broadcasts = self.buffers.launch(comm)
