@@ -1,7 +1,11 @@
 """The last resort of a headless Slurm job: its coordinator (the batch host) is gone.
 
 The first rank to claim the lock saves its committed state once, records it for the restart,
-and requeues the job; every worker then exits. A hot spare claims the lock only when no rank
+and requeues the job; every worker then exits. A closed control connection alone does not mean
+the coordinator is gone: it also drops a worker it has declared failed (a node whose slurmd
+died: Slurm ends the step's srun while the tasks live on). So a worker first asks the
+coordinator's address (``coordinator_alive``); one dropped by a live coordinator exits without
+a copy and without a requeue, and the job goes on with a spare in its place. A hot spare claims the lock only when no rank
 has within ``spare_wait_s`` (every rank died with the coordinator): it requeues from the last
 copy there is, or from step 0. Past ``cluster.max_requeues`` the job is cancelled instead.
 """
@@ -15,6 +19,29 @@ import time
 from typing import Any, Callable, Dict, Optional, Sequence, Set
 
 log = logging.getLogger("ckptless_hpc.worker")
+
+PROBE_TIMEOUT_S = 5.0
+
+
+def coordinator_alive(address: str, secret: str, worker: str, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Whether the job's own coordinator still answers at ``address`` (HOST:PORT): it must pass
+    the mutual handshake (it proves it knows the job secret, so a stranger on a reused port
+    does not count). The probe then says why it came and leaves; the coordinator logs it as a
+    rejected connection naming this worker. A refused, timed-out or failed handshake: gone."""
+    from .. import protocol
+
+    host, _, port = address.rpartition(":")
+    try:
+        sock = protocol.connect(host, int(port), secret, timeout_s=timeout_s)
+    except (OSError, ValueError, protocol.ProtocolError):
+        return False
+    try:
+        protocol.send_msg(sock, {"type": "probe", "worker": worker, "why": "dropped: checking whether the coordinator is alive before any last resort"})
+    except OSError:
+        pass
+    finally:
+        sock.close()
+    return True
 
 
 def run(

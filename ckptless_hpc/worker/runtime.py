@@ -209,6 +209,9 @@ class Worker:
 
     def _last_resort(self) -> None:
         """Coordinator gone on Slurm: save once and requeue (worker/last_resort.py); then exit."""
+        if last_resort.coordinator_alive(self.coordinator, self.secret, f"{self.node}.{self.local_index}"):
+            log.error("the coordinator at %s is alive and dropped this worker (declared failed): exiting without a copy or a requeue", self.coordinator)
+            exit_now(EXIT_COORDINATOR_LOST)
         # a sharded rank's state is one shard of many: it requeues from the last complete copy, as a spare does
         rank = None if self.shards is not None else self.rank
         last_resort.run(
