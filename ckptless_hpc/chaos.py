@@ -1,6 +1,12 @@
 """Chaos soak: many randomised fault schedules, each checked against the oracle.
 
     python -m ckptless_hpc.chaos runs=20 seed=7 [steps=60 nodes=3 workers_per_node=1 task=mlp parallel=ddp out=chaos-runs]
+    python -m ckptless_hpc.chaos cluster=slurm runs=10 seed=1 [steps=1500 task=lm kinds=crash_node,preempt out=chaos-slurm]
+
+``cluster=slurm`` submits real jobs to the project's Slurm mini-cluster (as root, from a source
+checkout: tests/slurm_cluster/up.sh 4) and injects faults from outside: crashed nodes, a killed
+slurmd, a cancelled step, the lost batch host, preemption signals (``ckptless_hpc/slurm/chaos.py``;
+its defaults: ``task=lm steps=1500 nodes=2 out=chaos-slurm timeout_s=600 redraws=2``).
 
 Each run injects 1-3 faults (kinds, ranks, steps and moments of the recovery protocol drawn at
 random) into a real local job and must end with the final state's sha256 equal to the
@@ -24,21 +30,38 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 DEFAULTS: Dict[str, Any] = {
     "runs": 10, "seed": 0, "steps": 60, "nodes": 3, "workers_per_node": 1, "task": "mlp", "parallel": "ddp", "out": "chaos-runs", "timeout_s": 300, "redraws": 3,
+    "cluster": "local", "kinds": "",
 }
+SLURM_DEFAULTS: Dict[str, Any] = {"steps": 1500, "nodes": 2, "task": "lm", "out": "chaos-slurm", "timeout_s": 600, "redraws": 2}
 PARALLEL = ("ddp", "zero", "fsdp", "hsdp")
 KINDS = ("kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
 
 
 def parse_args(argv: Sequence[str]) -> Dict[str, Any]:
     opts = dict(DEFAULTS)
+    given = {}
     for arg in argv:
         key, eq, value = arg.partition("=")
         if not eq or key not in DEFAULTS:
             raise ValueError(f"bad argument {arg!r}. HINT: use key=value with a key among {', '.join(f'{k} (default {v})' for k, v in DEFAULTS.items())}")
         try:
-            opts[key] = type(DEFAULTS[key])(value)
+            given[key] = type(DEFAULTS[key])(value)
         except ValueError:
             raise ValueError(f"{key}={value!r} is not a {type(DEFAULTS[key]).__name__}. HINT: e.g. {key}={DEFAULTS[key]}") from None
+    if given.get("cluster", "local") not in ("local", "slurm"):
+        raise ValueError(f"cluster={given['cluster']!r}: unknown backend. HINT: cluster=local (default) or cluster=slurm")
+    opts.update(SLURM_DEFAULTS if given.get("cluster") == "slurm" else {}, **given)
+    if opts["cluster"] == "slurm":
+        from .slurm import chaos as slurm_chaos
+
+        slurm_chaos.parse_kinds(opts["kinds"])
+        if opts["nodes"] != 2 or opts["workers_per_node"] != 1:
+            raise ValueError(
+                f"cluster=slurm nodes={opts['nodes']} workers_per_node={opts['workers_per_node']}: the mini-cluster has 4 nodes, and a job takes "
+                "2 worker nodes + 1 spare so that one more is left for a requeue that excludes a lost node. HINT: leave nodes and workers_per_node at 2 and 1"
+            )
+    elif opts["kinds"]:
+        raise ValueError(f"kinds={opts['kinds']!r} is for cluster=slurm. HINT: the local soak draws every kind; drop kinds=, or add cluster=slurm")
     if opts["parallel"] not in PARALLEL:
         raise ValueError(f"parallel={opts['parallel']!r}: unknown mode. HINT: use one of {', '.join(PARALLEL)}")
     if opts["runs"] < 1 or opts["steps"] < 30 or opts["nodes"] < 2:
@@ -132,6 +155,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as e:
         print(f"ckptless_hpc.chaos: {e}", file=sys.stderr)
         return 2
+    if opts["cluster"] == "slurm":
+        return _main_slurm(opts)
     rng = random.Random(opts["seed"])
     kills = 3 * opts["nodes"]  # spare budget: every loss finds a spare (refills included)
     base = [
@@ -168,6 +193,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"{len(redrawn)} schedule(s) re-drawn for unfired faults)" + (f"; FAILED: {[r['run'] for r in failed]}" if failed else "")
     )
     return 1 if failed else 0
+
+
+def _main_slurm(opts: Dict[str, Any]) -> int:
+    from .slurm import chaos as slurm_chaos
+    from .slurm.minicluster import ClusterError
+
+    base = [f"task={opts['task']}", f"train.steps={opts['steps']}", "cluster.nodes=2", "cluster.workers_per_node=1", f"parallel={opts['parallel']}"]
+    out = os.path.abspath(opts["out"])
+    os.makedirs(out, exist_ok=True)
+    rc, ref = _run(os.path.join(out, "baseline"), base + ["fault=none"], opts["timeout_s"])  # the oracle: the same config, fault-free, local
+    if rc != 0 or not ref:
+        print(f"the fault-free baseline failed (exit {rc}); see {out}/baseline", file=sys.stderr)
+        return 1
+    print(f"baseline sha256 {ref['final_state_sha256'][:16]}  ({opts['task']}, parallel={opts['parallel']}, {opts['steps']} steps, 2 worker nodes + 1 spare on Slurm)", flush=True)
+    try:
+        return slurm_chaos.main(opts, base + ["cluster.spare_nodes=1"], ref["final_state_sha256"], say=lambda line: print(line, flush=True))
+    except ClusterError as e:
+        print(f"ckptless_hpc.chaos: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -7,10 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Dict, List
+
+from ckptless_hpc.slurm.watch import wait_for  # noqa: F401  (shared with the chaos driver)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,18 +38,3 @@ def run_job(run_dir: Path, *overrides: str, timeout_s: float = 240, env: Dict[st
     cmd = [sys.executable, "-m", "ckptless_hpc", f"hydra.run.dir={run_dir}", *overrides]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=None if env is None else {**os.environ, **env})
     return JobResult(p.returncode, p.stdout + p.stderr, run_dir)
-
-
-def wait_for(
-    what: str, condition: Callable[[], object], within_s: float, poll_s: float = 0.1, diagnose: Callable[[], str] | None = None
-) -> object:
-    """Poll ``condition`` until it returns something truthy (returned), or fail naming ``what``
-    (with what ``diagnose`` says about the state of things at that moment)."""
-    deadline = time.monotonic() + within_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within_s} s waiting for {what}" + (f"\n{diagnose()}" if diagnose else ""))
-        time.sleep(poll_s)

@@ -7,17 +7,15 @@ the final state's sha256 equals the fault-free local run of the same config.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import pytest
-from ckpt_testlib import wait_for
 
-from ckptless_hpc.slurm import commands
+from ckptless_hpc.slurm import commands, watch
 from ckptless_hpc.slurm.env import expand_nodelist
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
@@ -25,35 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 LM = ("task=lm", "train.steps=300")
 
 
-def _events(run_dir: Path) -> List[Dict]:
-    try:
-        return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines() if line.strip()]
-    except FileNotFoundError:
-        return []
-
-
-
-
-def _event(run_dir: Path, pred: Callable[[Dict], bool], what: str, within_s: float = 120) -> Dict:
-    return wait_for(what, lambda: next((e for e in _events(run_dir) if pred(e)), None), within_s, diagnose=lambda: _diagnose(run_dir))
-
-
-def _diagnose(run_dir: Path) -> str:
-    """What Slurm and the run say when a wait times out (CI shows only the failure)."""
-    out = []
-    for argv in (["squeue", "-a", "-o", "%i %T %r %N %B"], ["sinfo", "-N", "-o", "%N %T %E"], ["scontrol", "-o", "show", "job"]):
-        try:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=20)
-            out.append(f"$ {' '.join(argv)}\n{(p.stdout + p.stderr).strip()}")
-        except (OSError, subprocess.TimeoutExpired) as e:
-            out.append(f"$ {' '.join(argv)}: {e}")
-    ev = _events(run_dir)
-    out.append("last events:\n" + "\n".join(json.dumps(e) for e in ev[-12:] if e.get("event") != "step"))
-    for log in sorted(run_dir.glob("*.log")) + sorted(run_dir.glob("logs/*.log")) + sorted(run_dir.glob("submitit/*.err")):
-        lines = log.read_text(errors="replace").splitlines()
-        if lines:
-            out.append(f"--- {log.relative_to(run_dir)} (last 8 lines)\n" + "\n".join(lines[-8:]))
-    return "\n".join(out)[-12000:]
+_events = watch.events
+_diagnose = watch.diagnose
+_event = watch.wait_event
 
 
 _SUBMITTED: List[str] = []
@@ -68,26 +40,15 @@ def _cancel_leftovers():
 
 
 def _submit(run_dir: Path, *overrides: str) -> str:
-    cmd = [sys.executable, "-m", "ckptless_hpc", "cluster=slurm", f"hydra.run.dir={run_dir}", *overrides]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "submitted Slurm job" in p.stdout
-    _SUBMITTED.append(json.loads((run_dir / "job.json").read_text())["job_id"])
+    _SUBMITTED.append(watch.submit(run_dir, *overrides))
     return _SUBMITTED[-1]
 
 
-def _finished(job_id: str, run_dir: Path, within_s: float = 180) -> Dict:
-    wait_for(
-        f"job {job_id} to leave the queue",
-        lambda: commands.job_state(job_id) not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"),
-        within_s,
-        diagnose=lambda: _diagnose(run_dir),
-    )
-    return json.loads((run_dir / "summary.json").read_text())
+_finished = watch.finished
 
 
 def _rank_worker(run_dir: Path, rank: int) -> str:
-    return _event(run_dir, lambda e: e["event"] == "generation_started", "generation 0")["ranks"][str(rank)]
+    return watch.first_ranks(run_dir)[rank]
 
 
 def _pid(run_dir: Path, worker: str) -> int:
@@ -229,7 +190,7 @@ def test_batch_host_lost_workers_save_and_requeue(slurm_env, tmp_path, baseline,
     worker writes the last-resort copy and requeues; the restarted job resumes from it."""
     job = _submit(tmp_path, *LM)
     _past_step(tmp_path, 40)
-    batch_host = subprocess.run(["squeue", "-h", "-j", job, "-o", "%B"], capture_output=True, text=True, check=True).stdout.strip()
+    batch_host = watch.batch_host(job)
     try:
         (tmp_path / "ps-before-crash.txt").write_text(subprocess.run(["ps", "-eo", "pid,ppid,stat,args"], capture_output=True, text=True).stdout)
         (tmp_path / "crash.log").write_text(slurm_cluster.crash_node(batch_host))  # what was killed, for _diagnose
@@ -248,15 +209,15 @@ def test_every_rank_lost_with_the_coordinator_the_spare_requeues(slurm_env, tmp_
     the job rather than leave it headless; with no copy ever written it restarts from step 0
     and still ends with the fault-free hash."""
     job = _submit(tmp_path, *LM)
-    ranks = _rank_worker_map(tmp_path)
+    ranks = watch.first_ranks(tmp_path)
     _past_step(tmp_path, 40)
-    batch_host = subprocess.run(["squeue", "-h", "-j", job, "-o", "%B"], capture_output=True, text=True, check=True).stdout.strip()
+    batch_host = watch.batch_host(job)
     workers = sorted({w.split(".")[0] for w in ranks.values()} - {batch_host})
     try:
         (tmp_path / "crash.log").write_text(slurm_cluster.crash_node(batch_host, *workers))
         for node in workers:  # worker nodes come back at once; the batch host stays down (and excluded)
             slurm_cluster.start_node(node)
-        restarted = wait_for("the requeued run", lambda: _second_run_start(tmp_path), 240, diagnose=lambda: _diagnose(tmp_path))
+        restarted = watch.wait_for("the requeued run", lambda: _second_run_start(tmp_path), 240, diagnose=lambda: _diagnose(tmp_path))
     finally:
         slurm_cluster.start_node(batch_host)
     assert restarted["resumed_from"] is None and restarted["step"] == 0  # no copy: from the start
@@ -274,7 +235,7 @@ def test_requeued_job_is_not_given_an_excluded_node(slurm_env, tmp_path, baselin
     cfg = ("task=mlp", "train.steps=1500")
     job = _submit(tmp_path, *cfg, "cluster.spare_nodes=0", "cluster.drain_failed_nodes=false", "fault=kill_worker", "fault.rank=1", "fault.step=30")
     bad = _event(tmp_path, lambda e: e["event"] == "node_excluded", "the excluded node")["node"]
-    restarted = wait_for("the requeued run", lambda: _second_run_start(tmp_path), 240, diagnose=lambda: _diagnose(tmp_path))
+    restarted = watch.wait_for("the requeued run", lambda: _second_run_start(tmp_path), 240, diagnose=lambda: _diagnose(tmp_path))
     events = _events(tmp_path)
     second = [i for i, e in enumerate(events) if e["event"] == "job_started"][1]
     nodes = {e["node"] for e in events[second:] if e["event"] == "node_started"}
@@ -289,16 +250,7 @@ def test_requeued_job_is_not_given_an_excluded_node(slurm_env, tmp_path, baselin
 
 def _second_run_start(run_dir: Path) -> Dict | None:
     """The first generation of the requeued run (after the second job_started)."""
-    events = _events(run_dir)
-    starts = [i for i, e in enumerate(events) if e["event"] == "job_started"]
-    if len(starts) < 2:
-        return None
-    return next((e for e in events[starts[1]:] if e["event"] == "generation_started"), None)
-
-
-def _rank_worker_map(run_dir: Path) -> Dict[int, str]:
-    started = _event(run_dir, lambda e: e["event"] == "generation_started", "generation 0")
-    return {int(r): w for r, w in started["ranks"].items()}
+    return watch.attempt_start(_events(run_dir), 1)
 
 
 def test_no_spare_left_saves_requeues_and_resumes_without_the_bad_node(slurm_env, tmp_path, baseline):

@@ -11,6 +11,10 @@
 #                                srun's shepherds). Slurm marks a crashed node DOWN
 #                                only 14-20 s later (see README.md); bring it back with
 #                                `up.sh --start-node NAME`.
+#   down.sh --kill-slurmd NAME   SIGKILL the node's slurmd alone: its slurmstepd's and tasks
+#                                live on, unreachable for Slurm, which marks the node DOWN
+#                                ~20 s later and ends the node's steps' sruns (rc 0, "Node
+#                                failure"); `up.sh --start-node NAME` brings it back.
 #
 # Stops only what up.sh (or Slurm on its behalf) started; never pkill/killall. The pids
 # come from the pid files in $DIR/run, from the listening sockets of slurmstepd under
@@ -108,6 +112,15 @@ crash_nodes() {  # crash_nodes NAME... : every named node fails in the same inst
   log "$* crashed at $(date +%s.%N)"
   wait_gone 5 $all >/dev/null || log "$*: some pids still alive"
 }
+
+if [ "${1:-}" = --kill-slurmd ]; then
+  shift; [ $# -eq 1 ] || { log "usage: down.sh --kill-slurmd NAME"; exit 2; }
+  p=$(pid_of "$RUN/slurmd-$1.pid" slurmd) || { log "$1: no live slurmd"; exit 1; }
+  kill -KILL "$p"
+  log "$1: slurmd $p killed at $(date +%s.%N); its steps live on"
+  wait_gone 5 "$p" >/dev/null || log "$1: slurmd $p still alive"
+  exit 0
+fi
 
 if [ "${1:-}" = --crash-node ]; then
   shift; [ $# -ge 1 ] || { log "usage: down.sh --crash-node NAME..."; exit 2; }
