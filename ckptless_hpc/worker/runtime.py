@@ -197,7 +197,7 @@ class Worker:
             # committed step, and let one rank save the state and requeue the job; a hot spare
             # (no trained state) requeues only if no rank is left to do it
             if self.rank is not None and self.step is not None:
-                log.error("lost the coordinator (%s): writing the last-resort copy, then requeueing", why)
+                log.error("lost the coordinator (%s): unless it still answers, writing the last-resort copy, then requeueing", why)
             else:
                 log.error("lost the coordinator (%s): a hot spare; waiting %.0f s for a rank to save and requeue", why, ORPHANED_SPARE_WAIT_S)
             self._orphaned = why

@@ -7,6 +7,7 @@ the final state's sha256 equals the fault-free local run of the same config.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -107,6 +108,30 @@ def test_crashed_node_is_replaced_by_the_spare(slurm_env, tmp_path, baseline, sl
     rec = _assert_one_recovery(s, victim_node)
     assert s["final_state_sha256"] == baseline(*LM)
     _assert_scancel_off_the_recovery_path(tmp_path, s, rec, victim_node)
+
+
+def test_killed_slurmd_the_job_goes_on_without_a_requeue(slurm_env, tmp_path, baseline, slurm_cluster):
+    """Only the node's slurmd dies: its worker lives on, but Slurm loses the node ~20 s later and
+    ends the step's srun (exit 0). The coordinator takes that for the worker's end and gives its
+    rank to the spare. The dropped worker then sees its control connection close: before, it
+    took that for a lost coordinator, wrote the last-resort copy and requeued the running job
+    (which, excluding two nodes, could never start again); now it asks the coordinator, finds it
+    alive, and exits. One attempt, one recovery, the fault-free hash."""
+    cfg = ("task=lm", "train.steps=1500")
+    job = _submit(tmp_path, *cfg)
+    victim = _rank_worker(tmp_path, 1).split(".")[0]
+    _past_step(tmp_path, 20)
+    try:
+        slurm_cluster.kill_slurmd(victim)
+        s = _finished(job, tmp_path, within_s=240)
+    finally:
+        slurm_cluster.start_node(victim)
+    rec = _assert_one_recovery(s, victim)
+    assert "process exited with code 0" in json.dumps([e for e in _events(tmp_path) if e["event"] == "failure_detected"])  # srun's end after "Node failure"
+    assert rec["bytes_transferred"] > 0 and s["final_state_sha256"] == baseline(*cfg)
+    assert [e["event"] for e in _events(tmp_path)].count("job_started") == 1  # never requeued
+    assert not list((tmp_path / "state").glob("last-resort-*.lock"))  # no worker ran the last resort
+    assert "is alive and dropped this worker" in (tmp_path / "logs" / f"{victim}.0.log").read_text()
 
 
 def _assert_scancel_off_the_recovery_path(run_dir: Path, s: Dict, rec: Dict, node: str) -> None:
