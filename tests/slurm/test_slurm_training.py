@@ -110,6 +110,7 @@ def test_crashed_node_is_replaced_by_the_spare(slurm_env, tmp_path, baseline, sl
     _assert_scancel_off_the_recovery_path(tmp_path, s, rec, victim_node)
 
 
+@pytest.mark.timeout(600)  # 1,500 steps (Slurm needs ~20 s to lose the node) here and in the local baseline: 264 s at load 10
 def test_killed_slurmd_the_job_goes_on_without_a_requeue(slurm_env, tmp_path, baseline, slurm_cluster):
     """Only the node's slurmd dies: its worker lives on, but Slurm loses the node ~20 s later and
     ends the step's srun (exit 0). The coordinator takes that for the worker's end and gives its
