@@ -167,7 +167,7 @@ def run_schedule(run_dir: Path, job_id: str, faults: Sequence[Fault], deadline: 
             return evs if _step(evs) >= f["step"] or not watch.in_queue(job_id) else None
 
         try:
-            evs = watch.wait_for(f"step {f['step']}", due, max(1.0, deadline - time.monotonic()), poll_s=0.05)
+            evs = watch.wait_for(f"step {f['step']}", due, max(1.0, deadline - time.monotonic()), poll_s=0.2)
         except watch.WaitTimeout:
             return records
         if not watch.in_queue(job_id):
@@ -179,7 +179,13 @@ def run_schedule(run_dir: Path, job_id: str, faults: Sequence[Fault], deadline: 
             say(f"    {f['kind']} @{f['step']}: no {f.get('target', 'node')} to hit")
             continue
         injected = {"time": time.time(), "attempts": len(split_attempts(evs)), "node": node, "step": _step(evs)}
-        rec.update(node=node, at_step=injected["step"], action=inject(f, job_id, node, evs), time=injected["time"])
+        rec.update(node=node, at_step=injected["step"], time=injected["time"])
+        try:
+            rec["action"] = inject(f, job_id, node, evs)
+        except (commands.SlurmCommandError, minicluster.ClusterError, RuntimeError) as e:  # not fired: reported, the schedule goes on
+            rec["action"] = f"{f['kind']} on {node} failed: {str(e).splitlines()[0]}"
+            say(f"    {rec['action']}")
+            continue
         within = min(EFFECT_WITHIN_S.get(f["kind"], EFFECT_DEFAULT_S), max(1.0, deadline - time.monotonic()))
         try:
             rec["evidence"] = watch.wait_for(f"the effect of {f['kind']}", lambda: fired(f, injected, watch.events(run_dir)), within, poll_s=0.2)
