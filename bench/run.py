@@ -268,10 +268,11 @@ class Bench:
 
     # ---------------------------------------------------------------- gloo's lazy connection setup
     def gloo_lazy(self) -> Dict[str, Any]:
-        """B5 and B3 with TORCH_GLOO_LAZY_INIT=1 (pairs connect on first use) and =0 (every pair
-        at formation), interleaved run by run so that load drifts hit both."""
+        """B5 and B3 with cluster.gloo_lazy_connect=true (TORCH_GLOO_LAZY_INIT=1: pairs connect on
+        first use; the formation ends with the store barrier) and =false (every pair at
+        formation), interleaved run by run so that load drifts hit both."""
         p = self.plan
-        variants = {"lazy": {"TORCH_GLOO_LAZY_INIT": "1"}, "eager": {"TORCH_GLOO_LAZY_INIT": "0"}}
+        variants = {"lazy": ["cluster.gloo_lazy_connect=true"], "eager": ["cluster.gloo_lazy_connect=false"]}
         log(f"gloo lazy vs eager connection setup: B5 ({p.b5_size} model, workers {p.b5_nodes}, {p.b5_reps} each) and B3 ({p.b3_size}, {p.b3_steps} steps, {p.b3_reps} pairs)")
         b5: Dict[str, Dict[int, List[JobRun]]] = {v: {n: [] for n in p.b5_nodes} for v in variants}
         failed: Dict[str, List[Dict[str, str]]] = {v: [] for v in variants}  # a recovery that did not complete is a finding, not a crash of the bench
@@ -281,7 +282,7 @@ class Bench:
                     d = self.rundir(f"gloo-{v}-b5-n{n}")
                     t0 = time.monotonic()
                     try:
-                        b5[v][n].append(run_ckptless(d, self._b5_overrides(n), env=env))
+                        b5[v][n].append(run_ckptless(d, self._b5_overrides(n) + env))
                     except BenchError as e:
                         failed[v].append({"run_dir": str(d), "workers": str(n), "error": str(e).splitlines()[0][:300]})
                     log(f"  gloo-{v}-b5-n{n}: {time.monotonic() - t0:.0f}s ({d.name}){' FAILED' if failed[v] and failed[v][-1]['run_dir'] == str(d) else ''}")
@@ -290,12 +291,12 @@ class Bench:
         views: Dict[str, Dict[str, List[float]]] = {v: {"interval": [], "in_step": [], "cpu": []} for v in variants}
         for rep in range(p.b3_reps):
             for v, env in variants.items():
-                j = self.job(f"gloo-{v}-b3", task_overrides(p.b3_size) + [f"train.steps={p.b3_steps}"], rep + 1, sample_cpu=True, env=env)[rep]
+                j = self.job(f"gloo-{v}-b3", task_overrides(p.b3_size) + [f"train.steps={p.b3_steps}"] + env, rep + 1, sample_cpu=True)[rep]
                 views[v]["interval"].append(median(j.step_intervals()))
                 views[v]["in_step"].append(median(j.step_times()))
                 views[v]["cpu"].append(cpu_per_step(j.cpu_samples, [e["time"] for e in j.of("step")], _active_rank))
         out: Dict[str, Any] = {
-            v: {"env": env, "b5": self._b5_summary(b5[v]), "b5_failed": failed[v], "b3": {k: median(x) for k, x in views[v].items()}, "b3_per_rep": views[v]}
+            v: {"overrides": env, "b5": self._b5_summary(b5[v]), "b5_failed": failed[v], "b3": {k: median(x) for k, x in views[v].items()}, "b3_per_rep": views[v]}
             for v, env in variants.items()
         }
         for k in ("interval", "in_step", "cpu"):

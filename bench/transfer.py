@@ -48,7 +48,7 @@ def serve(nbytes: int) -> None:
 
     entries = _state(nbytes)
     secret = protocol.load_secret()
-    server = StateServer("127.0.0.1", secret, lambda gen, step, shard=None: (entries, {"step": step, "param_groups": []}))
+    server = StateServer("127.0.0.1", secret, lambda gen, step, shard=None, **_: (entries, {"step": step, "param_groups": []}))
     raw = socket.create_server(("127.0.0.1", 0))
 
     def raw_loop() -> None:

@@ -35,7 +35,8 @@ from .. import protocol
 from ..tasks.selfcheck import check_batch_determinism
 from ..state import emergency
 from ..state.snapshot import state_nbytes, state_sha256
-from ..state.transfer import Arena, StaleState, StateServer, TransferError, fetch_state
+from ..state.fetch import Behind, Source, fetch
+from ..state.transfer import Arena, StaleState, StateServer, TransferError, Want
 from .shard_copies import ShardCopies
 from ..train import cuda
 from ..train.comm import Communicator, DeadlineExceeded, Retired, connect_store, resources, within
@@ -101,6 +102,8 @@ class Worker:
         self.run_dir: Optional[str] = None
         self.on_slurm = False
         self.compute_s: Optional[float] = None  # forward+backward time of the last step (straggler detection)
+        self.behind: Optional[Behind] = None  # parameters first: the optimizer state still arriving behind the first step
+        self._behind_t0: Optional[float] = None  # when that step started
 
     # ------------------------------------------------------------------ set-up
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -151,6 +154,8 @@ class Worker:
 
         self.cfg = OmegaConf.create(config)
         torch.set_num_threads(self.cfg.train.threads)
+        # gloo reads it when a group is built: lazy = each pair connects on its first use (train/comm.py)
+        os.environ["TORCH_GLOO_LAZY_INIT"] = "1" if self.cfg.cluster.gloo_lazy_connect else "0"
         self.device, self.backend = cuda.prepare(self.cfg.cluster, self.local_index, os.environ, log)
         self.task = instantiate(self.cfg.task)
         world = self.cfg.cluster.nodes * self.cfg.cluster.workers_per_node
@@ -226,9 +231,7 @@ class Worker:
             elif kind == "assign":
                 self._on_assign(msg)
             elif kind == "abort":
-                fault = self._due("recovery", self.step)
-                if fault is not None:
-                    self._fire(fault, self.step)
+                self._fire_due("recovery", self.step)
                 self._send_held(int(msg["gen"]), reason="abort")
             elif kind == "inject":
                 self._fire(self.faults[int(msg["index"])], self.step)
@@ -249,6 +252,11 @@ class Worker:
         if self.rank is None or step is None:
             return None
         return faultlib.due(self.faults, self.faults_done, self.rank, self.cfg.cluster.workers_per_node, step, at)
+
+    def _fire_due(self, at: str, step: Optional[int]) -> None:
+        fault = self._due(at, step)
+        if fault is not None:
+            self._fire(fault, step)
 
     def held_step(self) -> Optional[int]:
         """The committed step of the job's state this process holds; None when it holds none (a
@@ -336,34 +344,82 @@ class Worker:
         self._train(gen)
 
     def _fetch(self, sources: List[Dict[str, Any]], gen: int, target: int, timeout_s: float) -> None:
-        if not sources:
-            raise TransferError(f"step {target} needed but the coordinator named no source")
-        errors = []
-        for src in sources * 3:  # a damaged transfer is fetched again, from another peer where one exists
-            fault = self._due("receive", target)
-            if fault is not None:
-                self._fire(fault, target)
-            try:
-                shard = self.shards.shard if self.shards is not None else None
-                got = self._interruptible(
-                    lambda: fetch_state(src["host"], int(src["port"]), self.secret, gen, target, timeout_s, self.arena, shard=shard), gen, timeout_s, "fetch-state"
-                )
-            except TransferError as e:
-                errors.append(str(e))
-                log.warning("state fetch from %s failed: %s", src.get("worker"), e)
-                self.client.send({"type": "transfer_error", "gen": gen, "source": src.get("worker"), "error": str(e)})
-                continue
-            t0 = time.monotonic()
-            self.engine.apply(got.entries, got.meta)
-            self.arena = None  # its memory now holds (part of) the optimizer state
-            self.step = target
-            self.ctx["step"] = target
-            self.client.send(
-                {"type": "fetched", "gen": gen, "source": src.get("worker"), "bytes": got.nbytes, "seconds": got.seconds, "apply_s": time.monotonic() - t0}
-            )
-            log.info("received %.1f MB of state at step %d from %s in %.3fs (checksum ok)", got.nbytes / 1e6, target, src.get("worker"), got.seconds)
+        """The state of ``target`` from the sources named, in disjoint groups from several at once
+        (state/fetch.py), each verified; a damaged or missing group is fetched again. Parameters
+        first (``cluster.params_first``, the replicated state): only what the first step's forward
+        and backward need is fetched now, the optimizer state follows behind that step."""
+        srcs = [Source.of(s) for s in sources]
+        split = bool(self.cfg.cluster.params_first) and not self.engine.sharded
+        shard = self.shards.shard if self.shards is not None else None
+        want = Want(gen, target, shard, "first" if split else "all")
+        arena, self.arena = self.arena, None  # its memory comes to hold (part of) the optimizer state
+        if arena is not None:
+            arena.offset = 0
+        parallel = int(self.cfg.cluster.fetch_parallel)
+        got = self._interruptible(
+            lambda: fetch(srcs, self.secret, want, timeout_s, arena, parallel, self._transfer_failed(gen), lambda: self._fire_due("receive", target)),
+            gen, timeout_s, "fetch-state",
+        )
+        t0 = time.monotonic()
+        (self.engine.apply_first if split else self.engine.apply)(got.received.entries, got.received.meta)
+        self.step = target
+        self.ctx["step"] = target
+        self.client.send({"type": "fetched", "gen": gen, "source": ",".join(got.by_source), "bytes": got.received.nbytes, "seconds": got.received.seconds, "apply_s": time.monotonic() - t0})
+        log.info("received %s: %.1f MB at step %d from %s in %.3fs (checksums ok)", want.describe(), got.received.nbytes / 1e6, target, _by_source(got.by_source), got.received.seconds)
+        if split:
+            rest = Want(gen, target, None, "rest")
+            self.behind = Behind(lambda: fetch(srcs, self.secret, rest, timeout_s, arena, parallel, self._transfer_failed(gen)))
+            self.behind.on_done = self._wake.set
+
+    def _transfer_failed(self, gen: int) -> Callable[[Source, Want, TransferError], None]:
+        def report(src: Source, want: Want, e: TransferError) -> None:
+            what = want.describe()
+            if want.part == "rest" and self._behind_t0 is not None:
+                what += f", received behind step {want.step} (started {time.monotonic() - self._behind_t0:.3f}s before)"
+            log.warning("state fetch from %s failed: %s: %s", src.worker, what, e)
+            self.client.send({"type": "transfer_error", "gen": gen, "source": src.worker, "error": f"{what}: {e}"})
+
+        return report
+
+    def _start_behind(self, step: int) -> None:
+        """The first step after a parameters-first fetch starts: the optimizer state follows."""
+        assert self.behind is not None
+        self._behind_t0 = time.monotonic()
+        self.behind.start()
+        log.info("step %d started on the parameters; the optimizer state follows behind its forward and backward", step)
+
+    def _land_behind(self, gen: int, step: int) -> None:
+        """Before the step's last collective (so that no source can start its optimizer update,
+        and change what it serves, before this rank holds it): the optimizer state fetched behind
+        the step, verified, loaded."""
+        behind = self.behind
+        assert behind is not None and behind.t_start is not None
+        t_wait = time.monotonic()
+        outcome = self._wait_until(lambda: behind.done, gen, self.cfg.cluster.recovery_timeout_s)
+        if outcome == "abort":
+            raise Aborted("optimizer state")
+        if outcome == "timeout":
+            raise CollectiveError(f"the optimizer state of step {step} did not arrive within {self.cfg.cluster.recovery_timeout_s}s")
+        try:
+            got = behind.result()
+        except TransferError as e:
+            raise CollectiveError(f"the optimizer state of step {step} could not be fetched: {e}") from None
+        self.engine.apply_rest(got.received.entries, got.received.meta)
+        self.behind = None
+        assert behind.t_done is not None
+        log.info(
+            "received optimizer state: %.1f MB at step %d from %s in %.3fs behind the step (arrived %.3fs after the step started; the step waited %.3fs for it; checksums ok)",
+            got.received.nbytes / 1e6, step, _by_source(got.by_source), got.received.seconds, behind.t_done - behind.t_start, max(0.0, behind.t_done - t_wait),
+        )
+
+    def _drop_behind(self) -> None:
+        """The step failed before the optimizer state arrived: the parameters alone are no state."""
+        if self.behind is None:
             return
-        raise TransferError("; ".join(errors))
+        log.warning("the optimizer state of step %s did not arrive before the step ended: this process holds no whole state now", self.step)
+        self.behind = None
+        self.step = None
+        self.ctx["step"] = "-"
 
     def _load(self, saved: Dict[str, Any]) -> None:
         """Start from the emergency copy of a requeued job (the one time state comes from storage);
@@ -379,24 +435,32 @@ class Worker:
         self.step = int(meta["step"])
         log.info("loaded the emergency copy of step %d from %s in %.2fs", self.step, saved["path"], time.monotonic() - t0)
 
-    def _provide(self, gen: int, step: int, shard: Optional[int] = None) -> Any:
+    def _provide(self, gen: int, step: int, shard: Optional[int] = None, part: str = "all") -> Any:
         copy = self.shards.get(shard, step) if self.shards is not None and shard is not None else None
         if copy is not None:
             entries, meta = copy
+        elif part == "rest" and self._serves_behind(gen, step):
+            entries, meta = self.engine.collect(step)
         elif self.training or self.step != step or (self.shards is not None and shard != self.shards.shard):
             what = f"step {self.step} (training={self.training})" if self.shards is None else f"{self.shards.describe(self.step)}"
             raise StaleState(f"{self.node} holds {what}; asked for step {step} of generation {gen}" + (f", shard {shard}" if shard is not None else ""))
         else:
             entries, meta = self.engine.collect(self.step)
-        fault = self._due("send", step)
+        fault = (self._due("optimizer", step) if part != "first" else None) or self._due("send", step)
         if fault is not None and fault.kind in faultlib.WIRE:
             self.faults_done.add(fault.index)
-            self.client.send({"type": "fault", "index": fault.index, "kind": fault.kind, "at": "send", "gen": gen, "rank": self.rank, "step": step, "pid": os.getpid()})
-            log.warning("injecting fault: %s", fault.describe())
-            return entries, meta, fault.kind.split("_")[0]  # "corrupt" | "truncate"
+            self.client.send({"type": "fault", "index": fault.index, "kind": fault.kind, "at": fault.at, "gen": gen, "rank": self.rank, "step": step, "pid": os.getpid()})
+            log.warning("injecting fault: %s, in the %s served (training=%s)", fault.describe(), Want(gen, step, shard, part).describe(), self.training)
+            return entries, meta, fault.kind.split("_")[0], "optimizer" if fault.at == "optimizer" else "first"  # "corrupt" | "truncate"
         if fault is not None:
             self._fire(fault, step)
         return entries, meta
+
+    def _serves_behind(self, gen: int, step: int) -> bool:
+        """Whether the optimizer state of ``step`` can be served while this rank trains it: in the
+        same generation, before its own update changes it. The update waits for the step's last
+        collective, which a rank that fetches it contributes only once it holds it (_land_behind)."""
+        return self.shards is None and gen == self.gen and self.step == step and self.engine.state_step == step and self.behind is None
 
     def _form(self, gen: int) -> Communicator:
         """Generation ``gen``'s group, on a store client of its own (an abandoned formation may
@@ -450,14 +514,17 @@ class Worker:
         try:
             while self.step < steps:
                 if self.abort_gen > gen or self._stopping or self._orphaned:
+                    self._drop_behind()
                     self._abandon_group()
                     return
                 if not self._one_step(gen):
                     return
         except Aborted:
+            self._drop_behind()
             self._abandon_group()
             return
         except (CollectiveError, StepFailed) as e:
+            self._drop_behind()
             self._abandon_group()
             log.warning("collective failed at step %d: %s", self.step, e)
             self.training = False
@@ -481,13 +548,13 @@ class Worker:
         """One step; False when it was refused (non-finite, train.on_nonfinite=stop)."""
         step = self.step
         t0 = time.perf_counter()
+        if self.behind is not None:
+            self._start_behind(step)
         res = self.engine.step(step, lambda: self._after_backward(step, t0), lambda futures: self._wait(futures, gen, step))
         if not res.committed:
             self._report_nonfinite(gen, step, res)
             return False
-        fault = self._due("update", step)
-        if fault is not None:  # right after the optimizer update: before the step is counted or copied
-            self._fire(fault, step)
+        self._fire_due("update", step)  # right after the optimizer update: before the step is counted or copied
         if res.skipped:
             log.warning("step %d skipped (%s): loss %s, grad norm %s", step, res.skipped, res.loss, res.grad_norm)
         self.step = step + 1
@@ -520,9 +587,9 @@ class Worker:
                 self.client.send({"type": "fault", "index": slow.index, "kind": slow.kind, "at": "step", "gen": self.gen, "rank": self.rank, "step": step, "pid": os.getpid()})
             time.sleep((slow.factor - 1) * (time.perf_counter() - t0))
         self.compute_s = time.perf_counter() - t0
-        fault = self._due("step", step)
-        if fault is not None:
-            self._fire(fault, step)
+        self._fire_due("step", step)
+        if self.behind is not None:  # parameters first: the last collective waits for the optimizer state
+            self._land_behind(self.gen, step)
         if self.shards is not None:  # the last collective of this step waits for our last copy (shards.py)
             self._await_copy(self.gen, step)
 
@@ -585,6 +652,10 @@ class Worker:
                 self.client.send({"type": "save_failed", "path": path, "step": self.step, "error": str(e)})
         time.sleep(0.05)
         exit_now(0)
+
+
+def _by_source(by_source: Dict[str, int]) -> str:
+    return ", ".join(f"{w} ({n / 1e6:.1f} MB)" for w, n in by_source.items())
 
 
 def _num(x: float) -> Any:
