@@ -1,7 +1,10 @@
 """One worker process: a rank of the data-parallel job, or a hot spare waiting for one.
 
 This is the worker's control side; the training itself (model, optimizer, scheduler, scaler,
-data, the step, the state's pieces) is the engine's (:mod:`ckptless_hpc.train`).
+data, the step, the state's pieces) is the engine's (:mod:`ckptless_hpc.train`). Beside it:
+:mod:`.peer_state` (fetching a step's state from peers, parameters first, and serving it),
+:mod:`.storage` (the emergency copy), :mod:`.interrupt` (waits the coordinator can cut short),
+:mod:`.shard_copies` (sharded modes' copies), :mod:`.last_resort` (a headless job).
 
 Lifecycle: import torch, connect and authenticate to the coordinator, receive the config,
 build the engine (spares too: promotion costs no process start), then obey
@@ -26,17 +29,16 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from .. import faults as faultlib
 from .. import protocol
 from ..tasks.selfcheck import check_batch_determinism
-from ..state import emergency
 from ..state.snapshot import state_nbytes, state_sha256
-from ..state.fetch import Behind, Source, fetch
-from ..state.transfer import Arena, StaleState, StateServer, TransferError, Want
+from ..state.fetch import Behind
+from ..state.transfer import Arena, StateServer, TransferError
 from .shard_copies import ShardCopies
 from ..train import cuda
 from ..train.comm import Communicator, DeadlineExceeded, Retired, connect_store, resources, within
@@ -44,6 +46,9 @@ from ..train.engine import Engine, StepResult
 from ..train.fsdp_strategy import StepFailed
 from . import last_resort
 from .control import ControlClient, exit_now
+from .interrupt import Aborted, CollectiveError, Interruptible
+from .peer_state import PeerState
+from .storage import StorageCopy
 
 log = logging.getLogger("ckptless_hpc.worker")
 
@@ -52,14 +57,6 @@ EXIT_STARTUP_ERROR = 18
 EXIT_CUDA_POISONED = 19  # a CUDA error poisoned the context: replaced through the spare path
 EXIT_WEDGED = 20  # an NCCL abort or a CUDA stream check did not return within cluster.abort_timeout_s
 ORPHANED_SPARE_WAIT_S = 10.0  # a rank claims the last-resort lock at once; a spare acts only if none did
-
-
-class Aborted(Exception):
-    """The coordinator started a new generation; the in-flight work is abandoned."""
-
-
-class CollectiveError(Exception):
-    """A collective failed or timed out (a peer died or hung)."""
 
 
 class _Context(logging.Filter):
@@ -75,7 +72,7 @@ class _Context(logging.Filter):
         return True
 
 
-class Worker:
+class Worker(Interruptible, PeerState, StorageCopy):
     def __init__(self, node: str, local_index: int, coordinator: str, host: str, secret: str) -> None:
         self.node = node
         self.local_index = local_index
@@ -103,7 +100,6 @@ class Worker:
         self.on_slurm = False
         self.compute_s: Optional[float] = None  # forward+backward time of the last step (straggler detection)
         self.behind: Optional[Behind] = None  # parameters first: the optimizer state still arriving behind the first step
-        self._behind_t0: Optional[float] = None  # when that step started
 
     # ------------------------------------------------------------------ set-up
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -269,42 +265,6 @@ class Worker:
             msg["inventory"] = {str(k): v for k, v in self.shards.inventory(self.held_step()).items()}
         self.client.send(msg)
 
-    # ------------------------------------------------------------------ waiting, interruptibly
-    def _wait_until(self, done: Callable[[], bool], gen: int, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if done():
-                return "done"
-            if self.abort_gen > gen or self._stopping or self._orphaned:
-                return "abort"
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return "timeout"
-            self._wake.wait(remaining)
-            self._wake.clear()
-
-    def _interruptible(self, fn: Callable[[], Any], gen: int, timeout_s: float, what: str) -> Any:
-        box: Dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = e
-            finally:
-                box["done"] = True
-                self._wake.set()
-
-        threading.Thread(target=run, name=what, daemon=True).start()
-        outcome = self._wait_until(lambda: "done" in box, gen, timeout_s)
-        if outcome == "abort":
-            raise Aborted(what)
-        if outcome == "timeout":
-            raise CollectiveError(f"{what} timed out after {timeout_s:.1f}s")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
-
     # ------------------------------------------------------------------ generations
     def _on_assign(self, msg: Dict[str, Any]) -> None:
         gen = int(msg["gen"])
@@ -342,125 +302,6 @@ class Worker:
         self.client.send({"type": "ready", "gen": gen, "rank": self.rank, "pid": os.getpid(), "form_s": time.monotonic() - t0})
         log.info("generation %d formed: rank %d of %d at step %d; %s", gen, self.rank, self.world, self.step, " ".join(f"{k}={v}" for k, v in resources().items()))
         self._train(gen)
-
-    def _fetch(self, sources: List[Dict[str, Any]], gen: int, target: int, timeout_s: float) -> None:
-        """The state of ``target`` from the sources named, in disjoint groups from several at once
-        (state/fetch.py), each verified; a damaged or missing group is fetched again. Parameters
-        first (``cluster.params_first``, the replicated state): only what the first step's forward
-        and backward need is fetched now, the optimizer state follows behind that step."""
-        srcs = [Source.of(s) for s in sources]
-        split = bool(self.cfg.cluster.params_first) and not self.engine.sharded
-        shard = self.shards.shard if self.shards is not None else None
-        want = Want(gen, target, shard, "first" if split else "all")
-        arena, self.arena = self.arena, None  # its memory comes to hold (part of) the optimizer state
-        if arena is not None:
-            arena.offset = 0
-        parallel = int(self.cfg.cluster.fetch_parallel)
-        got = self._interruptible(
-            lambda: fetch(srcs, self.secret, want, timeout_s, arena, parallel, self._transfer_failed(gen), lambda: self._fire_due("receive", target)),
-            gen, timeout_s, "fetch-state",
-        )
-        t0 = time.monotonic()
-        (self.engine.apply_first if split else self.engine.apply)(got.received.entries, got.received.meta)
-        self.step = target
-        self.ctx["step"] = target
-        self.client.send({"type": "fetched", "gen": gen, "source": ",".join(got.by_source), "bytes": got.received.nbytes, "seconds": got.received.seconds, "apply_s": time.monotonic() - t0})
-        log.info("received %s: %.1f MB at step %d from %s in %.3fs (checksums ok)", want.describe(), got.received.nbytes / 1e6, target, _by_source(got.by_source), got.received.seconds)
-        if split:
-            rest = Want(gen, target, None, "rest")
-            self.behind = Behind(lambda: fetch(srcs, self.secret, rest, timeout_s, arena, parallel, self._transfer_failed(gen)))
-            self.behind.on_done = self._wake.set
-
-    def _transfer_failed(self, gen: int) -> Callable[[Source, Want, TransferError], None]:
-        def report(src: Source, want: Want, e: TransferError) -> None:
-            what = want.describe()
-            if want.part == "rest" and self._behind_t0 is not None:
-                what += f", received behind step {want.step} (started {time.monotonic() - self._behind_t0:.3f}s before)"
-            log.warning("state fetch from %s failed: %s: %s", src.worker, what, e)
-            self.client.send({"type": "transfer_error", "gen": gen, "source": src.worker, "error": f"{what}: {e}"})
-
-        return report
-
-    def _start_behind(self, step: int) -> None:
-        """The first step after a parameters-first fetch starts: the optimizer state follows."""
-        assert self.behind is not None
-        self._behind_t0 = time.monotonic()
-        self.behind.start()
-        log.info("step %d started on the parameters; the optimizer state follows behind its forward and backward", step)
-
-    def _land_behind(self, gen: int, step: int) -> None:
-        """Before the step's last collective (so that no source can start its optimizer update,
-        and change what it serves, before this rank holds it): the optimizer state fetched behind
-        the step, verified, loaded."""
-        behind = self.behind
-        assert behind is not None and behind.t_start is not None
-        t_wait = time.monotonic()
-        outcome = self._wait_until(lambda: behind.done, gen, self.cfg.cluster.recovery_timeout_s)
-        if outcome == "abort":
-            raise Aborted("optimizer state")
-        if outcome == "timeout":
-            raise CollectiveError(f"the optimizer state of step {step} did not arrive within {self.cfg.cluster.recovery_timeout_s}s")
-        try:
-            got = behind.result()
-        except TransferError as e:
-            raise CollectiveError(f"the optimizer state of step {step} could not be fetched: {e}") from None
-        self.engine.apply_rest(got.received.entries, got.received.meta)
-        self.behind = None
-        assert behind.t_done is not None
-        log.info(
-            "received optimizer state: %.1f MB at step %d from %s in %.3fs behind the step (arrived %.3fs after the step started; the step waited %.3fs for it; checksums ok)",
-            got.received.nbytes / 1e6, step, _by_source(got.by_source), got.received.seconds, behind.t_done - behind.t_start, max(0.0, behind.t_done - t_wait),
-        )
-
-    def _drop_behind(self) -> None:
-        """The step failed before the optimizer state arrived: the parameters alone are no state."""
-        if self.behind is None:
-            return
-        log.warning("the optimizer state of step %s did not arrive before the step ended: this process holds no whole state now", self.step)
-        self.behind = None
-        self.step = None
-        self.ctx["step"] = "-"
-
-    def _load(self, saved: Dict[str, Any]) -> None:
-        """Start from the emergency copy of a requeued job (the one time state comes from storage);
-        a missing or damaged copy is refused and ends the job (never loaded, never trained on)."""
-        t0 = time.monotonic()
-        try:
-            entries, meta = emergency.read(saved["path"], saved.get("sha256"))
-        except emergency.EmergencyCopyError as e:
-            log.error("cannot resume: %s", e)
-            self.client.send({"type": "load_failed", "path": saved["path"], "error": str(e)})
-            raise Aborted("load") from None
-        self.engine.apply(entries, meta)
-        self.step = int(meta["step"])
-        log.info("loaded the emergency copy of step %d from %s in %.2fs", self.step, saved["path"], time.monotonic() - t0)
-
-    def _provide(self, gen: int, step: int, shard: Optional[int] = None, part: str = "all") -> Any:
-        copy = self.shards.get(shard, step) if self.shards is not None and shard is not None else None
-        if copy is not None:
-            entries, meta = copy
-        elif part == "rest" and self._serves_behind(gen, step):
-            entries, meta = self.engine.collect(step)
-        elif self.training or self.step != step or (self.shards is not None and shard != self.shards.shard):
-            what = f"step {self.step} (training={self.training})" if self.shards is None else f"{self.shards.describe(self.step)}"
-            raise StaleState(f"{self.node} holds {what}; asked for step {step} of generation {gen}" + (f", shard {shard}" if shard is not None else ""))
-        else:
-            entries, meta = self.engine.collect(self.step)
-        fault = (self._due("optimizer", step) if part != "first" else None) or self._due("send", step)
-        if fault is not None and fault.kind in faultlib.WIRE:
-            self.faults_done.add(fault.index)
-            self.client.send({"type": "fault", "index": fault.index, "kind": fault.kind, "at": fault.at, "gen": gen, "rank": self.rank, "step": step, "pid": os.getpid()})
-            log.warning("injecting fault: %s, in the %s served (training=%s)", fault.describe(), Want(gen, step, shard, part).describe(), self.training)
-            return entries, meta, fault.kind.split("_")[0], "optimizer" if fault.at == "optimizer" else "first"  # "corrupt" | "truncate"
-        if fault is not None:
-            self._fire(fault, step)
-        return entries, meta
-
-    def _serves_behind(self, gen: int, step: int) -> bool:
-        """Whether the optimizer state of ``step`` can be served while this rank trains it: in the
-        same generation, before its own update changes it. The update waits for the step's last
-        collective, which a rank that fetches it contributes only once it holds it (_land_behind)."""
-        return self.shards is None and gen == self.gen and self.step == step and self.engine.state_step == step and self.behind is None
 
     def _form(self, gen: int) -> Communicator:
         """Generation ``gen``'s group, on a store client of its own (an abandoned formation may
@@ -616,47 +457,6 @@ class Worker:
                 f.wait()
         except Exception as e:  # gloo raises RuntimeError subclasses on a lost peer
             raise CollectiveError(f"allreduce at step {step}: {e}") from None
-
-    # ------------------------------------------------------------------ stop
-    def _save(self, path: str) -> Dict[str, Any]:
-        """Write the committed state once (state/emergency.py: never over a newer copy, never a
-        damaged one); raises emergency.EmergencyCopyError when it cannot be written."""
-        entries, meta = self.engine.collect(self.step)
-        return emergency.write(path, entries, meta)
-
-    def _save_shard(self, path: str, shard: int, step: int) -> None:
-        """One shard of a sharded emergency copy: from a snapshot, a held copy, or the live state."""
-        assert self.shards is not None
-        copy = self.shards.get(shard, step)
-        if copy is None and shard == self.shards.shard and step == self.held_step():
-            copy = self.engine.collect(step)
-        if copy is None:
-            log.error("asked to save shard %d at step %d, which this worker does not hold (%s)", shard, step, self.shards.describe(self.step))
-            return
-        entries, meta = copy
-        try:
-            rec = emergency.write(path, entries, meta, describe=f"shard {shard}: ")
-        except emergency.EmergencyCopyError as e:
-            log.error("%s", e)
-            self.client.send({"type": "save_failed", "path": path, "step": step, "error": str(e)})
-            return
-        self.client.send({"type": "saved", "path": path, "step": rec["step"], "sha256": rec["sha256"], "bytes": rec["bytes"], "written": rec["written"], "shard": shard})
-
-    def _on_stop(self, msg: Dict[str, Any]) -> None:
-        path = msg.get("save")
-        if path and self.held_step() is not None:
-            try:
-                self.client.send({"type": "saved", **self._save(path)})
-            except emergency.EmergencyCopyError as e:
-                log.error("%s", e)
-                self.client.send({"type": "save_failed", "path": path, "step": self.step, "error": str(e)})
-        time.sleep(0.05)
-        exit_now(0)
-
-
-def _by_source(by_source: Dict[str, int]) -> str:
-    return ", ".join(f"{w} ({n / 1e6:.1f} MB)" for w, n in by_source.items())
-
 
 def _num(x: float) -> Any:
     """A float for JSON: non-finite values as their names ("nan", "inf")."""
