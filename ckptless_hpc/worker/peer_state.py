@@ -109,7 +109,7 @@ class PeerState:
         """The step failed before the optimizer state arrived: the parameters alone are no state."""
         if self.behind is None:
             return
-        log.warning("the optimizer state of step %s did not arrive before the step ended: this process holds no whole state now", self.step)
+        log.warning("the optimizer state of step %s had not arrived when its generation ended: this process holds no whole state now", self.step)
         self.behind = None
         self.step = None
         self.ctx["step"] = "-"

@@ -256,8 +256,9 @@ class Worker(Interruptible, PeerState, StorageCopy):
 
     def held_step(self) -> Optional[int]:
         """The committed step of the job's state this process holds; None when it holds none (a
-        spare that never received it): such a process is never a source, nor saved."""
-        return self.step if self.holds_job_state else None
+        spare that never received it, or one whose optimizer state is still arriving behind its first
+        step): such a process is never a source, nor saved."""
+        return self.step if self.holds_job_state and self.behind is None else None
 
     def _send_held(self, abort_gen: Optional[int], reason: str) -> None:
         msg = {"type": "held", "gen": self.gen, "abort_gen": abort_gen, "step": self.held_step(), "pid": os.getpid(), "reason": reason}
@@ -273,6 +274,7 @@ class Worker(Interruptible, PeerState, StorageCopy):
         self.gen, self.rank, self.world = gen, int(msg["rank"]), int(msg["world"])
         self.faults_done = set(msg.get("faults_done", []))
         self.ctx.update(gen=gen, rank=self.rank)
+        self._drop_behind()  # a generation that never trained: the parameters alone are no state
         target = int(msg["step"])
         timeout_s = self.cfg.cluster.recovery_timeout_s
         self.engine.take_rank(self.rank)
