@@ -138,6 +138,8 @@ class Bench:
         log(f"B4 transfer: {p.b4_bytes / 1e6:.0f} MB, {p.b4_reps} repetitions")
         out = transfer.measure(p.b4_bytes, p.b4_reps)
         log(f"  state transfer {out['state_transfer_gbps']:.2f} GB/s vs raw TCP {out['raw_tcp_gbps']:.2f} GB/s ({100 * out['fraction_of_loopback']:.0f}%)")
+        out["sources"] = transfer.measure_sources(p.b4_bytes, p.b4_reps)  # several sources at once (issue 14)
+        log("  from several sources at once (loopback): " + ", ".join(f"{k}: {v:.2f} GB/s" for k, v in out["sources"]["gbps"].items()))
         return out
 
     # ---------------------------------------------------------------- B1: recovery vs restart
@@ -474,6 +476,7 @@ def headline(res: Dict[str, Any]) -> Dict[str, Optional[float]]:
         "b2_ratio_vs_torchft": _f(b2["ratio"]) if b2.get("status") == "ok" else None,
         "b3_overhead_pct": _f(res["b3"]["overhead_pct"]),
         "b4_transfer_fraction_of_loopback": _f(res["b4"]["fraction_of_loopback"]),
+        "b4_sources_speedup_4_vs_1": _f(res["b4"]["sources"]["speedup_max_vs_1"]) if "sources" in res["b4"] else None,  # issue 14, loopback
         "b5_growth_pct_2_to_8": _f(res["b5"]["growth_pct"]),
         "b5_growth_pct_net_2_to_8": _f(res["b5"]["growth_excl_resume_pct"]),  # detect + reconfigure + transfer
         "b6_goodput_local": _f(res["b6"]["ckptless"]["goodput"]),
