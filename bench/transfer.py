@@ -180,7 +180,7 @@ def measure_sources(nbytes: int, reps: int, counts: Sequence[int] = (1, 2, 4)) -
         def one(k: int) -> float:
             arena.offset = 0
             got = fe.fetch(sources[:k], secret, tr.Want(0, 1), 120, arena, parallel=k)
-            if got.received.nbytes != nbytes or len(got.by_source) != min(k, len(got.received.entries)):
+            if got.received.nbytes != nbytes or len(got.by_source) != k:  # one group per source (a group may be empty)
                 raise RuntimeError(f"{k} sources: fetched {got.received.nbytes} bytes from {sorted(got.by_source)}, expected {nbytes} from {k}")
             return got.received.seconds
 
