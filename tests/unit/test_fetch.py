@@ -167,3 +167,23 @@ def test_store_barrier_holds_every_rank_until_the_last_arrives():
         assert not other.check(["gen5/formed/open"])  # another generation's barrier is its own
     finally:
         server.close()
+
+
+def test_optimizer_state_is_served_during_a_step_only_before_the_update():
+    """A source serves the optimizer state of the step it trains, in the same generation, until
+    its own update (engine.state_step None) changes it; never while its own is still arriving."""
+    from types import SimpleNamespace
+
+    from ckptless_hpc.worker.peer_state import PeerState
+
+    w = PeerState()
+    w.shards, w.gen, w.step, w.engine, w.behind = None, 3, 12, SimpleNamespace(state_step=12), None
+    assert w._serves_behind(3, 12)
+    assert not w._serves_behind(4, 12) and not w._serves_behind(2, 12)  # another generation's fetcher does not gate our update
+    assert not w._serves_behind(3, 11)
+    w.engine.state_step = None  # inside the optimizer update
+    assert not w._serves_behind(3, 12)
+    w.engine.state_step, w.behind = 12, object()  # its own optimizer state still arriving
+    assert not w._serves_behind(3, 12)
+    w.behind, w.shards = None, object()  # sharded state: never (a shard is served whole, not while training)
+    assert not w._serves_behind(3, 12)
