@@ -58,7 +58,7 @@ class PeerState:
         self.step = target
         self.ctx["step"] = target
         self.client.send({"type": "fetched", "gen": gen, "source": ",".join(got.by_source), "bytes": got.received.nbytes, "seconds": got.received.seconds, "apply_s": time.monotonic() - t0})
-        log.info("received %s: %.1f MB at step %d from %s in %.3fs (checksums ok)", want.describe(), got.received.nbytes / 1e6, target, _by_source(got.by_source), got.received.seconds)
+        log.info("received %s: %.1f MB at step %d from %s in %.3fs (checksum ok)", want.describe(), got.received.nbytes / 1e6, target, _by_source(got.by_source), got.received.seconds)
         if split:
             rest = Want(gen, target, None, "rest")
             self.behind = Behind(lambda: fetch(srcs, self.secret, rest, timeout_s, arena, parallel, self._transfer_failed(gen)))
@@ -101,7 +101,7 @@ class PeerState:
         self.behind = None
         assert behind.t_done is not None
         log.info(
-            "received optimizer state: %.1f MB at step %d from %s in %.3fs behind the step (arrived %.3fs after the step started; the step waited %.3fs for it; checksums ok)",
+            "received optimizer state: %.1f MB at step %d from %s in %.3fs behind the step (arrived %.3fs after the step started; the step waited %.3fs for it; checksum ok)",
             got.received.nbytes / 1e6, step, _by_source(got.by_source), got.received.seconds, behind.t_done - behind.t_start, max(0.0, behind.t_done - t_wait),
         )
 
