@@ -138,6 +138,8 @@ class Bench:
         log(f"B4 transfer: {p.b4_bytes / 1e6:.0f} MB, {p.b4_reps} repetitions")
         out = transfer.measure(p.b4_bytes, p.b4_reps)
         log(f"  state transfer {out['state_transfer_gbps']:.2f} GB/s vs raw TCP {out['raw_tcp_gbps']:.2f} GB/s ({100 * out['fraction_of_loopback']:.0f}%)")
+        out["sources"] = transfer.measure_sources(p.b4_bytes, p.b4_reps)  # several sources at once (issue 14)
+        log("  from several sources at once (loopback): " + ", ".join(f"{k}: {v:.2f} GB/s" for k, v in out["sources"]["gbps"].items()))
         return out
 
     # ---------------------------------------------------------------- B1: recovery vs restart
@@ -268,10 +270,11 @@ class Bench:
 
     # ---------------------------------------------------------------- gloo's lazy connection setup
     def gloo_lazy(self) -> Dict[str, Any]:
-        """B5 and B3 with TORCH_GLOO_LAZY_INIT=1 (pairs connect on first use) and =0 (every pair
-        at formation), interleaved run by run so that load drifts hit both."""
+        """B5 and B3 with cluster.gloo_lazy_connect=true (TORCH_GLOO_LAZY_INIT=1: pairs connect on
+        first use; the formation ends with the store barrier) and =false (every pair at
+        formation), interleaved run by run so that load drifts hit both."""
         p = self.plan
-        variants = {"lazy": {"TORCH_GLOO_LAZY_INIT": "1"}, "eager": {"TORCH_GLOO_LAZY_INIT": "0"}}
+        variants = {"lazy": ["cluster.gloo_lazy_connect=true"], "eager": ["cluster.gloo_lazy_connect=false"]}
         log(f"gloo lazy vs eager connection setup: B5 ({p.b5_size} model, workers {p.b5_nodes}, {p.b5_reps} each) and B3 ({p.b3_size}, {p.b3_steps} steps, {p.b3_reps} pairs)")
         b5: Dict[str, Dict[int, List[JobRun]]] = {v: {n: [] for n in p.b5_nodes} for v in variants}
         failed: Dict[str, List[Dict[str, str]]] = {v: [] for v in variants}  # a recovery that did not complete is a finding, not a crash of the bench
@@ -281,7 +284,7 @@ class Bench:
                     d = self.rundir(f"gloo-{v}-b5-n{n}")
                     t0 = time.monotonic()
                     try:
-                        b5[v][n].append(run_ckptless(d, self._b5_overrides(n), env=env))
+                        b5[v][n].append(run_ckptless(d, self._b5_overrides(n) + env))
                     except BenchError as e:
                         failed[v].append({"run_dir": str(d), "workers": str(n), "error": str(e).splitlines()[0][:300]})
                     log(f"  gloo-{v}-b5-n{n}: {time.monotonic() - t0:.0f}s ({d.name}){' FAILED' if failed[v] and failed[v][-1]['run_dir'] == str(d) else ''}")
@@ -290,12 +293,12 @@ class Bench:
         views: Dict[str, Dict[str, List[float]]] = {v: {"interval": [], "in_step": [], "cpu": []} for v in variants}
         for rep in range(p.b3_reps):
             for v, env in variants.items():
-                j = self.job(f"gloo-{v}-b3", task_overrides(p.b3_size) + [f"train.steps={p.b3_steps}"], rep + 1, sample_cpu=True, env=env)[rep]
+                j = self.job(f"gloo-{v}-b3", task_overrides(p.b3_size) + [f"train.steps={p.b3_steps}"] + env, rep + 1, sample_cpu=True)[rep]
                 views[v]["interval"].append(median(j.step_intervals()))
                 views[v]["in_step"].append(median(j.step_times()))
                 views[v]["cpu"].append(cpu_per_step(j.cpu_samples, [e["time"] for e in j.of("step")], _active_rank))
         out: Dict[str, Any] = {
-            v: {"env": env, "b5": self._b5_summary(b5[v]), "b5_failed": failed[v], "b3": {k: median(x) for k, x in views[v].items()}, "b3_per_rep": views[v]}
+            v: {"overrides": env, "b5": self._b5_summary(b5[v]), "b5_failed": failed[v], "b3": {k: median(x) for k, x in views[v].items()}, "b3_per_rep": views[v]}
             for v, env in variants.items()
         }
         for k in ("interval", "in_step", "cpu"):
@@ -473,6 +476,7 @@ def headline(res: Dict[str, Any]) -> Dict[str, Optional[float]]:
         "b2_ratio_vs_torchft": _f(b2["ratio"]) if b2.get("status") == "ok" else None,
         "b3_overhead_pct": _f(res["b3"]["overhead_pct"]),
         "b4_transfer_fraction_of_loopback": _f(res["b4"]["fraction_of_loopback"]),
+        "b4_sources_speedup_4_vs_1": _f(res["b4"]["sources"]["speedup_max_vs_1"]) if "sources" in res["b4"] else None,  # issue 14, loopback
         "b5_growth_pct_2_to_8": _f(res["b5"]["growth_pct"]),
         "b5_growth_pct_net_2_to_8": _f(res["b5"]["growth_excl_resume_pct"]),  # detect + reconfigure + transfer
         "b6_goodput_local": _f(res["b6"]["ckptless"]["goodput"]),

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import zlib
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
 CHUNK_ELEMS = 16 << 20  # 64 MB of float32 per tensor
 
@@ -48,7 +48,7 @@ def serve(nbytes: int) -> None:
 
     entries = _state(nbytes)
     secret = protocol.load_secret()
-    server = StateServer("127.0.0.1", secret, lambda gen, step, shard=None: (entries, {"step": step, "param_groups": []}))
+    server = StateServer("127.0.0.1", secret, lambda gen, step, shard=None, **_: (entries, {"step": step, "param_groups": []}))
     raw = socket.create_server(("127.0.0.1", 0))
 
     def raw_loop() -> None:
@@ -151,6 +151,52 @@ def measure(nbytes: int, reps: int) -> Dict[str, Any]:
         "arena": hasattr(tr, "Arena"),
         "first_touch_gbps": nbytes / touch_s / 1e9,
     }
+
+
+def measure_sources(nbytes: int, reps: int, counts: Sequence[int] = (1, 2, 4)) -> Dict[str, Any]:
+    """Several sources at once (ckptless_hpc.state.fetch): the same state held by ``max(counts)``
+    source processes, fetched in disjoint groups from ``k`` of them at once, ``k`` in ``counts``,
+    alternated ``reps`` times. On one machine every source shares the same cores and loopback: the
+    figure says what the parallel path costs or gives here, not what separate links would give."""
+    from ckptless_hpc import protocol
+    from ckptless_hpc.state import fetch as fe
+    from ckptless_hpc.state import transfer as tr
+
+    from .common import REPO, median
+
+    secret = protocol.new_secret()
+    env = dict(os.environ, **{protocol.SECRET_ENV: secret}, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-m", "bench.transfer", "serve", str(nbytes)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env) for _ in range(max(counts))]
+    try:
+        sources = []
+        for i, src in enumerate(procs):
+            line = src.stdout.readline().decode().split()
+            if len(line) != 2:
+                raise RuntimeError("a transfer source process did not start")
+            sources.append(fe.Source(f"source{i}", "127.0.0.1", int(line[0])))
+        nbytes = (nbytes // 4) * 4
+        arena = tr.Arena(nbytes + (1 << 20))  # touched once: a hot spare's landing memory
+
+        def one(k: int) -> float:
+            arena.offset = 0
+            got = fe.fetch(sources[:k], secret, tr.Want(0, 1), 120, arena, parallel=k)
+            if got.received.nbytes != nbytes or len(got.by_source) != k:  # one group per source (a group may be empty)
+                raise RuntimeError(f"{k} sources: fetched {got.received.nbytes} bytes from {sorted(got.by_source)}, expected {nbytes} from {k}")
+            return got.received.seconds
+
+        for k in counts:
+            one(k)  # warm-up
+        seconds: Dict[int, List[float]] = {k: [] for k in counts}
+        for _ in range(reps):
+            for k in counts:
+                seconds[k].append(one(k))
+    finally:
+        for src in procs:
+            src.stdin.close()
+        for src in procs:
+            src.wait(timeout=30)
+    gbps = {str(k): nbytes / median(v) / 1e9 for k, v in seconds.items()}
+    return {"bytes": nbytes, "reps": reps, "gbps": gbps, "seconds": {str(k): v for k, v in seconds.items()}, "speedup_max_vs_1": gbps[str(max(counts))] / gbps[str(min(counts))]}
 
 
 if __name__ == "__main__":

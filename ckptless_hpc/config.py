@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 FAULT_KINDS = ("none", "kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
-FAULT_MOMENTS = ("step", "update", "recovery", "send", "receive")
+FAULT_MOMENTS = ("step", "update", "recovery", "send", "receive", "optimizer")
 
 
 class ConfigError(ValueError):
@@ -69,6 +69,9 @@ class ClusterConfig:
     straggler_factor: float = 3.0  # a rank this many times slower than the typical rank is reported
     collective_timeout_s: float = 120.0  # last-resort bound on one collective (hangs are normally cut by the coordinator)
     recovery_timeout_s: float = 60.0  # bound on each recovery phase (hold, re-form, transfer)
+    params_first: bool = True  # ddp: a replacement fetches parameters first and the optimizer state behind its first step
+    fetch_parallel: int = 4  # a replacement fetches disjoint parts of its state from up to this many sources at once
+    gloo_lazy_connect: bool = False  # gloo connects a new generation's pairs on first use (TORCH_GLOO_LAZY_INIT) instead of at formation
     startup_timeout_s: float = 300.0  # workers must connect and build the model within this
     exit_timeout_s: float = 10.0  # workers exit this long after losing their coordinator
 
@@ -131,7 +134,9 @@ class FaultSpec:
     # when a kill/hang fires: "step" (computing `step`, after backward, before the allreduce),
     # "update" (right after `step`'s optimizer update, before anything else: sharded state's
     # consistency window), "recovery" (when a recovery starts), "send" (while serving state to a replacement),
-    # "receive" (while the worker that took `rank` receives its state)
+    # "receive" (while the worker that took `rank` receives its state);
+    # corrupt/truncate_transfer: "send" (the next state served) or "optimizer" (the next optimizer
+    # state served: with cluster.params_first, the part a replacement receives behind its first step)
     at: str = "step"
     factor: float = 5.0  # slow: step time multiplier
     duration: int = 20  # slow: for this many steps
@@ -176,6 +181,7 @@ def _err(field_name: str, value: Any, problem: str, hint: str) -> str:
 _FAULT_FIELDS = ("kind", "rank", "node", "step", "at", "factor", "duration")
 # kinds whose moment is fixed: a straggler slows its steps, a spare dies while it waits, a
 # damaged transfer is damaged while it is served
+WIRE_KINDS = ("corrupt_transfer", "truncate_transfer")
 _AT_IGNORED = {"slow": "step", "kill_spare": "step", "corrupt_transfer": "send", "truncate_transfer": "send"}
 
 
@@ -221,6 +227,7 @@ def validation_errors(cfg: Any) -> List[str]:
         "set cluster.nodes=1 with cluster.workers_per_node=<GPUs>, or cluster.comm=gloo (ranks share GPUs through host memory)",
     )
     need(c.abort_timeout_s > 0, "cluster.abort_timeout_s", c.abort_timeout_s, "must be > 0", "e.g. cluster.abort_timeout_s=10")
+    need(isinstance(c.fetch_parallel, int) and c.fetch_parallel >= 1, "cluster.fetch_parallel", c.fetch_parallel, "must be an integer >= 1", "e.g. cluster.fetch_parallel=4 (1: one source at a time)")
     need(c.max_refills >= 0, "cluster.max_refills", c.max_refills, "must be >= 0", "set cluster.max_refills=0 to never refill")
     need(c.heartbeat_interval_s > 0, "cluster.heartbeat_interval_s", c.heartbeat_interval_s, "must be > 0", "0.5 is a good default")
     need(
@@ -354,7 +361,9 @@ def _fault_errors(cfg: Any) -> List[str]:
             )
         if f.at not in FAULT_MOMENTS:
             errors.append(_err(f"{prefix}.at", f.at, "unknown moment", f"use one of {', '.join(FAULT_MOMENTS)}"))
-        elif f.kind in _AT_IGNORED and f.at not in ("step", _AT_IGNORED[f.kind]):  # "step" is the schema's default
+        elif f.kind in WIRE_KINDS and f.at not in ("step", "send", "optimizer"):
+            errors.append(_err(f"{prefix}.at", f.at, f"a {f.kind} fault strikes a state being served", f"use {prefix}.at=send (any state) or {prefix}.at=optimizer (its optimizer part)"))
+        elif f.kind in _AT_IGNORED and f.kind not in WIRE_KINDS and f.at not in ("step", _AT_IGNORED[f.kind]):  # "step" is the schema's default
             errors.append(
                 _err(f"{prefix}.at", f.at, f"a {f.kind} fault always strikes {_AT_IGNORED[f.kind]!r}", f"drop {prefix}.at (or set it to {_AT_IGNORED[f.kind]})")
             )

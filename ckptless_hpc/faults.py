@@ -60,7 +60,9 @@ def due(faults: Iterable[Fault], done: Iterable[int], rank: int, workers_per_nod
     """The fault this rank must fire now (pure). ``at``: the moment the caller is at.
 
     "step" and "update" faults fire at exactly their step; the others (recovery, send, receive) at the
-    first such moment at or after their step. A fired fault (in ``done``) never fires again,
+    first such moment at or after their step. A damaged transfer strikes the next state served
+    ("send"), or with ``at="optimizer"`` the next optimizer state served (the caller asks for the
+    moment "optimizer" when what it serves holds the optimizer's entries). A fired fault (in ``done``) never fires again,
     so a replacement that reaches the same step does not repeat it.
     """
     fired = set(done)
@@ -69,7 +71,7 @@ def due(faults: Iterable[Fault], done: Iterable[int], rank: int, workers_per_nod
             continue
         if f.kind in KILLS and f.at == at and (step == f.step if at in ("step", "update") else step >= f.step):
             return f
-        if f.kind in WIRE and at == "send" and step >= f.step:
+        if f.kind in WIRE and at == ("optimizer" if f.at == "optimizer" else "send") and step >= f.step:
             return f
     return None
 

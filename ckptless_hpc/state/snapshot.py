@@ -79,23 +79,22 @@ def apply_state(
 ) -> None:
     """Load a received state into a built model/optimizer/task (the inverse of collect_state;
     ``model_keys``: the shard of the model's state dict it holds, exactly)."""
+    apply_model_state(model, task, [e for e in entries if not e[0].startswith("optim.")], meta, model_keys)
+    apply_optimizer_state(optimizer, [e for e in entries if e[0].startswith("optim.")], meta)
+
+
+def apply_model_state(model: torch.nn.Module, task: Any, entries: Entries, meta: Dict[str, Any], model_keys: Optional[Set[str]] = None) -> None:
+    """The model's and the task's part of a state (what a step's forward and backward need)."""
     model_sd: Dict[str, torch.Tensor] = {}
-    opt_state: Dict[int, Dict[str, Any]] = {}
     task_sd: Dict[str, Any] = dict(meta.get("task_scalars", {}))
     for name, t in entries:
         kind, _, rest = name.partition(".")
         if kind == "model":
             model_sd[rest] = t
-        elif kind == "optim":
-            i, _, k = rest.partition(".")
-            opt_state.setdefault(int(i), {})[k] = t
         elif kind == "task":
             task_sd[rest] = t
         else:
-            raise ValueError(f"state entry {name!r} has an unknown section {kind!r}")
-    for key, v in meta.get("optim_scalars", {}).items():
-        i, _, k = key.partition(".")
-        opt_state.setdefault(int(i), {})[k] = v
+            raise ValueError(f"state entry {name!r} has an unknown section {kind!r} (the model's part holds model.* and task.*)")
     if model_keys is None:
         model.load_state_dict(model_sd, strict=True)
     else:
@@ -103,9 +102,23 @@ def apply_state(
             missing, extra = sorted(model_keys - set(model_sd)), sorted(set(model_sd) - model_keys)
             raise ValueError(f"shard state does not match this rank's shard: missing {missing[:5]}, unexpected {extra[:5]}")
         model.load_state_dict(model_sd, strict=False)
-    optimizer.load_state_dict({"state": opt_state, "param_groups": meta["param_groups"]})
     if task_sd:
         task.load_state_dict(task_sd)
+
+
+def apply_optimizer_state(optimizer: torch.optim.Optimizer, entries: Entries, meta: Dict[str, Any]) -> None:
+    """The optimizer's part of a state (its optim.* entries, its scalars and param groups)."""
+    opt_state: Dict[int, Dict[str, Any]] = {}
+    for name, t in entries:
+        kind, _, rest = name.partition(".")
+        if kind != "optim":
+            raise ValueError(f"state entry {name!r} is not the optimizer's")
+        i, _, k = rest.partition(".")
+        opt_state.setdefault(int(i), {})[k] = t
+    for key, v in meta.get("optim_scalars", {}).items():
+        i, _, k = key.partition(".")
+        opt_state.setdefault(int(i), {})[k] = v
+    optimizer.load_state_dict({"state": opt_state, "param_groups": meta["param_groups"]})
 
 
 def state_sha256(entries: Entries, meta: Dict[str, Any]) -> str:

@@ -6,6 +6,13 @@ source answers only while it holds exactly that step (a request for any other st
 with both step numbers), streams a header, the raw tensor bytes in canonical order and an
 xxh3-64 checksum trailer (about 11 GB/s here, where CRC32 ran at 3.7 GB/s and halved the
 transfer rate). The receiver checks length and checksum before anything is trained on.
+
+A request may ask for one part of the state (``part``: ``first``, what a step's forward and
+backward need: parameters, buffers, the task's tensors; ``rest``, the optimizer state, which
+only the optimizer step needs) and for one of ``of`` disjoint groups of that part
+(:func:`select`: contiguous entries balanced by bytes, the same on every replica), so that a
+replacement can fetch the parameters first and several groups from several sources at once.
+Every response, whatever it holds, carries its own checksum and is verified on its own.
 """
 
 from __future__ import annotations
@@ -68,8 +75,39 @@ class TransferError(Exception):
     """A transfer failed: refused, truncated, or checksum mismatch."""
 
 
-# (gen, step, shard or None) -> (entries, meta) or, to inject a wire fault, (entries, meta, "corrupt" | "truncate")
-Provider = Callable[[int, int, Optional[int]], Tuple[Any, ...]]
+PARTS = ("all", "first", "rest")
+
+# (gen, step, shard or None, part=) -> (entries, meta) of the whole state held, or, to inject a
+# wire fault, (entries, meta, "corrupt" | "truncate", "first" | "optimizer": the entry it strikes)
+Provider = Callable[..., Tuple[Any, ...]]
+
+
+def in_part(name: str, part: str) -> bool:
+    """Whether state entry ``name`` belongs to ``part`` (the optimizer's entries are the rest)."""
+    if part == "all":
+        return True
+    return name.startswith("optim.") == (part == "rest")
+
+
+def select(entries: Entries, part: str = "all", index: int = 0, of: int = 1) -> Entries:
+    """Group ``index`` of ``of`` of the entries of ``part``: contiguous runs in canonical order,
+    cut where the running byte count passes each ``k/of`` of the part's bytes (pure: replicas
+    holding the same shapes cut at the same entries). Groups may be empty."""
+    if part not in PARTS:
+        raise ValueError(f"part={part!r}: unknown part of the state. HINT: use one of {', '.join(PARTS)}")
+    if not 0 <= index < of:
+        raise ValueError(f"group {index} of {of}: no such group. HINT: 0 <= index < of")
+    chosen = [(n, t) for n, t in entries if in_part(n, part)]
+    total = sum(t.numel() * t.element_size() for _, t in chosen)
+    out: Entries = []
+    run = 0
+    for n, t in chosen:
+        size = t.numel() * t.element_size()
+        group = min(of - 1, (run * of) // total) if total else 0  # where the entry starts
+        if group == index:
+            out.append((n, t))
+        run += size
+    return out
 
 
 @dataclass
@@ -80,20 +118,38 @@ class Received:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Want:
+    """What a fetch asks a source for: the state of (gen, step), of shard ``shard`` (sharded
+    state), its ``part``, and of that part the group ``index`` of ``of`` (:func:`select`)."""
+
+    gen: int
+    step: int
+    shard: Optional[int] = None
+    part: str = "all"
+    index: int = 0
+    of: int = 1
+
+    def describe(self) -> str:
+        what = {"all": "state", "first": "parameters", "rest": "optimizer state"}[self.part]
+        return what + (f" (group {self.index + 1} of {self.of})" if self.of > 1 else "")
+
+
 # (gen, shard, step, received) -> None: a verified copy of a peer's shard
 Receiver = Callable[[int, int, int, "Received"], None]
 
 
-def _send_entries(conn: socket.socket, entries: Entries, meta: Dict[str, Any], damage: Optional[str] = None) -> None:
-    """Header, raw bytes in canonical order, xxh3-64 trailer (``damage``: an injected fault)."""
+def _send_entries(conn: socket.socket, entries: Entries, meta: Dict[str, Any], damage: Optional[str] = None, target: int = 0) -> None:
+    """Header, raw bytes in canonical order, xxh3-64 trailer (``damage``: an injected fault, in
+    the middle of entry ``target``)."""
     header = [{"name": n, "dtype": str(t.dtype), "shape": list(t.shape)} for n, t in entries]
     _send_big(conn, {"type": "state", "entries": header, "meta": meta})
     digest = _Hasher()
     tensors = [t for _, t in entries]
-    cut = (tensors[0].numel() * tensors[0].element_size()) // 2 if tensors else 0  # where an injected fault strikes
+    cut = (tensors[target].numel() * tensors[target].element_size()) // 2 if tensors else 0  # where an injected fault strikes
     for i, off, part in host_slices(tensors, SLICE):  # device tensors staged through pinned memory
         wire = part
-        if damage and i == 0:  # injected fault: the bytes on the wire differ from the state
+        if damage and i == target:  # injected fault: the bytes on the wire differ from the state
             if damage == "truncate" and off + len(part) > cut:
                 conn.sendall(part[: cut - off])
                 return
@@ -106,9 +162,10 @@ def _send_entries(conn: socket.socket, entries: Entries, meta: Dict[str, Any], d
     protocol.send_msg(conn, {"type": "end", "xxh3_64": digest.hexdigest()})
 
 
-def _recv_entries(sock: socket.socket, head: Dict[str, Any], arena: Optional["Arena"], peer: str, step: int) -> "Received":
+def _recv_entries(sock: socket.socket, head: Dict[str, Any], arena: Optional["Arena"], peer: str, step: int, want: Optional["Want"] = None) -> "Received":
     """The body after a state header: tensors, then a trailer whose checksum must match."""
     t0 = time.monotonic()
+    want = want or Want(-1, step)
     entries: Entries = []
     digest = _Hasher()
     nbytes = 0
@@ -116,6 +173,8 @@ def _recv_entries(sock: socket.socket, head: Dict[str, Any], arena: Optional["Ar
         dtype = _DTYPES.get(e["dtype"])
         if dtype is None:
             raise TransferError(f"unsupported dtype {e['dtype']} for {e['name']}")
+        if not in_part(e["name"], want.part):
+            raise TransferError(f"{peer} sent {e['name']}, which is not in the part asked for ({want.part})")
         t = arena.take(e["shape"], dtype) if arena is not None else torch.empty(e["shape"], dtype=dtype)
         mv = byte_view(t)
         for off in range(0, len(mv), SLICE):
@@ -187,13 +246,17 @@ class StateServer:
             if req.get("type") != "fetch":
                 raise protocol.ProtocolError(f"expected fetch, got {req.get('type')!r}")
             shard = req.get("shard")
+            want = Want(int(req["gen"]), int(req["step"]), None if shard is None else int(shard), str(req.get("part", "all")), int(req.get("index", 0)), int(req.get("of", 1)))
             try:
-                entries, meta, *damage = self._provider(int(req["gen"]), int(req["step"]), None if shard is None else int(shard))
+                entries, meta, *damage = self._provider(want.gen, want.step, want.shard, part=want.part)
+                entries = select(entries, want.part, want.index, want.of)
             except StaleState as e:
                 protocol.send_msg(conn, {"type": "refused", "reason": str(e)})
                 return
             conn.settimeout(None)
-            _send_entries(conn, entries, meta, damage[0] if damage else None)
+            kind, strikes = (damage + [None, None])[:2]
+            target = next((i for i, (n, _) in enumerate(entries) if n.startswith("optim.")), 0) if strikes == "optimizer" else 0
+            _send_entries(conn, entries, meta, kind, target)
         except (protocol.ProtocolError, ConnectionError, OSError, ValueError, KeyError, TypeError, TransferError) as e:
             self.refused += 1
             log.warning("%sstate request from %s rejected: %s", self._describe, addr, e)
@@ -228,13 +291,15 @@ class Arena:
         if pinned:
             self.buf = self.buf.pin_memory()
         self.offset = 0
+        self._lock = threading.Lock()  # several transfers land in it at once (several sources)
 
     def take(self, shape: Any, dtype: torch.dtype) -> torch.Tensor:
         n = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        start = -(-self.offset // 64) * 64
-        if start + n > self.buf.numel():
-            return torch.empty(shape, dtype=dtype)  # the estimate was short: fresh memory for the rest
-        self.offset = start + n
+        with self._lock:
+            start = -(-self.offset // 64) * 64
+            if start + n > self.buf.numel():
+                return torch.empty(shape, dtype=dtype)  # the estimate was short: fresh memory for the rest
+            self.offset = start + n
         return self.buf[start : start + n].view(dtype).view(shape)
 
 
@@ -253,19 +318,28 @@ def fetch_state(
 ) -> Received:
     """Fetch (gen, step) -- of shard ``shard`` for sharded state -- from a peer's StateServer;
     raises TransferError on any problem."""
-    t0 = time.monotonic()
     if arena is not None:
         arena.offset = 0
+    return fetch_part(host, port, secret, Want(gen, step, shard), timeout_s, arena)
+
+
+def fetch_part(host: str, port: int, secret: str, want: Want, timeout_s: float, arena: Optional[Arena] = None) -> Received:
+    """Fetch what ``want`` names from a peer's StateServer, verified; TransferError on any problem
+    (``arena``: land in it from where it is, several fetches may share it)."""
+    t0 = time.monotonic()
+    step = want.step
     sock = _connect(host, port, secret, timeout_s, "state source")
     try:
-        req: Dict[str, Any] = {"type": "fetch", "gen": gen, "step": step}
-        if shard is not None:
-            req["shard"] = shard
+        req: Dict[str, Any] = {"type": "fetch", "gen": want.gen, "step": step}
+        if want.shard is not None:
+            req["shard"] = want.shard
+        if (want.part, want.of) != ("all", 1):
+            req.update(part=want.part, index=want.index, of=want.of)
         protocol.send_msg(sock, req)
         head = _recv_big(sock)
         if head["type"] == "refused":
             raise TransferError(f"source {host}:{port} refused: {head.get('reason')}")
-        got = _recv_entries(sock, head, arena, f"{host}:{port}", step)
+        got = _recv_entries(sock, head, arena, f"{host}:{port}", step, want)
         got.seconds = time.monotonic() - t0
         return got
     except (OSError, ConnectionError, protocol.ProtocolError, KeyError) as e:

@@ -6,6 +6,12 @@ until the process exits); an NCCL communicator is aborted, under a deadline (aba
 would leak GPU memory and threads per generation, and ``abort()`` itself can hang on a wedged
 peer: a process whose abort does not return is lost, and is replaced). Generation g+1 forms a
 fresh group on the store prefix ``gen<g+1>``.
+
+Every formation ends with a barrier on the same store prefix (:func:`store_barrier`): no rank
+returns from ``form`` before every rank of the generation has arrived. gloo's eager setup is such
+a barrier already (each pair connects at formation); its lazy setup (``TORCH_GLOO_LAZY_INIT=1``,
+``cluster.gloo_lazy_connect``) returns at once, and without the barrier a survivor could start
+the resumed step before a replacement has fetched the state it serves.
 """
 
 from __future__ import annotations
@@ -52,6 +58,15 @@ def connect_store(host: str, port: int, secret: str, timeout_s: float) -> Any:
     return AuthStore(host, port, secret, timeout_s)
 
 
+def store_barrier(store: Any, world: int, timeout_s: float, name: str = "formed") -> None:
+    """Return once all ``world`` ranks have called this on ``store`` (a prefixed store of one
+    generation): one counter every rank increments, and one key the last arrival sets and every
+    rank waits on: two store round trips per rank whatever the world size, no gloo pair."""
+    if store.add(f"{name}/count", 1) >= world:
+        store.set(f"{name}/open", b"1")
+    store.wait([f"{name}/open"], timedelta(seconds=timeout_s))
+
+
 class Communicator:
     """The collectives one generation's step uses, as futures (waited on interruptibly by the
     worker). ``rank`` and ``world`` never change within a generation."""
@@ -75,11 +90,14 @@ class Communicator:
             pg = dist.ProcessGroupNCCL(prefixed, rank, world, opts)
             if hasattr(pg, "eager_connect_single_device"):  # connect now, not inside the first step
                 pg.eager_connect_single_device(device)
+            store_barrier(prefixed, world, timeout_s)
             return cls(pg, gen, rank, world, "nccl")
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = timeout
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-        return cls(dist.ProcessGroupGloo(prefixed, rank, world, opts), gen, rank, world, "gloo")
+        pg = dist.ProcessGroupGloo(prefixed, rank, world, opts)  # lazy setup (TORCH_GLOO_LAZY_INIT=1): no pair connected yet
+        store_barrier(prefixed, world, timeout_s)
+        return cls(pg, gen, rank, world, "gloo")
 
     def release(self, deadline_s: float) -> None:
         """Let go of this generation's group after a failed or abandoned step. NCCL: abort the

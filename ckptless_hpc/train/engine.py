@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..state.snapshot import Entries, Piece, apply_state, collect_state
+from ..state.snapshot import Entries, Piece, apply_model_state, apply_optimizer_state, apply_state, collect_state
 from ..tasks.base import set_lr
 from .data import Feed, forward_seed, make_feed
 from .replicated import BucketedGrads, BufferSync
@@ -103,6 +103,9 @@ class Engine:
         self.skipped: Dict[str, int] = {"nonfinite": 0, "overflow": 0}
         self.feed: Feed = make_feed(task, t.seed, world, self.micro_batches, t.steps, int(t.data_workers), int(t.prefetch), close_fds)
         self.comm: Any = None
+        # the step whose state the tensors hold (None while an optimizer update is changing them):
+        # a source serves the optimizer state of step s while it trains s, up to its update
+        self.state_step: Optional[int] = 0
 
     # ------------------------------------------------------------------ generations
     @property
@@ -187,7 +190,10 @@ class Engine:
                 self.grads.renew()  # the failed generation's operations may still write into the old memory
             self._loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
             raise
-        return self._update(step, comm.world * self.micro_batches, t, norm)
+        self.state_step = None
+        res = self._update(step, comm.world * self.micro_batches, t, norm)
+        self.state_step = step + 1 if res.committed else step
+        return res
 
     def _forward_backward(self, step: int, comm: Any) -> List[Any]:
         broadcasts: List[Any] = []
@@ -289,6 +295,22 @@ class Engine:
             keys = self.zero.model_keys if self.zero is not None else None
             apply_state(self.model, self.optimizer, self.task, entries, meta, model_keys=keys)
         self.apply_meta(meta)
+        self.state_step = int(meta["step"])
+
+    def apply_first(self, entries: Entries, meta: Dict[str, Any]) -> None:
+        """Parameters first (the replicated strategy): the model's and the task's part of a state
+        and its metadata (scheduler, scaler, counters), enough for a step's forward and backward;
+        the optimizer's part follows with :meth:`apply_rest` before the optimizer step."""
+        if self.sharded:
+            raise ValueError(f"parallel.mode={self.mode}: parameters first is for the replicated state (ddp) only")
+        apply_model_state(self.model, self.task, entries, meta)
+        self.apply_meta(meta)
+        self.state_step = None  # not a whole state until the optimizer's part is in
+
+    def apply_rest(self, entries: Entries, meta: Dict[str, Any]) -> None:
+        """The optimizer's part of the state :meth:`apply_first` started (the tensors are kept)."""
+        apply_optimizer_state(self.optimizer, entries, meta)
+        self.state_step = int(meta["step"])
 
     def apply_meta(self, meta: Dict[str, Any]) -> None:
         if self.zero is not None:

@@ -1,7 +1,10 @@
 """One worker process: a rank of the data-parallel job, or a hot spare waiting for one.
 
 This is the worker's control side; the training itself (model, optimizer, scheduler, scaler,
-data, the step, the state's pieces) is the engine's (:mod:`ckptless_hpc.train`).
+data, the step, the state's pieces) is the engine's (:mod:`ckptless_hpc.train`). Beside it:
+:mod:`.peer_state` (fetching a step's state from peers, parameters first, and serving it),
+:mod:`.storage` (the emergency copy), :mod:`.interrupt` (waits the coordinator can cut short),
+:mod:`.shard_copies` (sharded modes' copies), :mod:`.last_resort` (a headless job).
 
 Lifecycle: import torch, connect and authenticate to the coordinator, receive the config,
 build the engine (spares too: promotion costs no process start), then obey
@@ -26,16 +29,16 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
 from .. import faults as faultlib
 from .. import protocol
 from ..tasks.selfcheck import check_batch_determinism
-from ..state import emergency
 from ..state.snapshot import state_nbytes, state_sha256
-from ..state.transfer import Arena, StaleState, StateServer, TransferError, fetch_state
+from ..state.fetch import Behind
+from ..state.transfer import Arena, StateServer, TransferError
 from .shard_copies import ShardCopies
 from ..train import cuda
 from ..train.comm import Communicator, DeadlineExceeded, Retired, connect_store, resources, within
@@ -43,6 +46,9 @@ from ..train.engine import Engine, StepResult
 from ..train.fsdp_strategy import StepFailed
 from . import last_resort
 from .control import ControlClient, exit_now
+from .interrupt import Aborted, CollectiveError, Interruptible
+from .peer_state import PeerState
+from .storage import StorageCopy
 
 log = logging.getLogger("ckptless_hpc.worker")
 
@@ -51,14 +57,6 @@ EXIT_STARTUP_ERROR = 18
 EXIT_CUDA_POISONED = 19  # a CUDA error poisoned the context: replaced through the spare path
 EXIT_WEDGED = 20  # an NCCL abort or a CUDA stream check did not return within cluster.abort_timeout_s
 ORPHANED_SPARE_WAIT_S = 10.0  # a rank claims the last-resort lock at once; a spare acts only if none did
-
-
-class Aborted(Exception):
-    """The coordinator started a new generation; the in-flight work is abandoned."""
-
-
-class CollectiveError(Exception):
-    """A collective failed or timed out (a peer died or hung)."""
 
 
 class _Context(logging.Filter):
@@ -74,7 +72,7 @@ class _Context(logging.Filter):
         return True
 
 
-class Worker:
+class Worker(Interruptible, PeerState, StorageCopy):
     def __init__(self, node: str, local_index: int, coordinator: str, host: str, secret: str) -> None:
         self.node = node
         self.local_index = local_index
@@ -101,6 +99,7 @@ class Worker:
         self.run_dir: Optional[str] = None
         self.on_slurm = False
         self.compute_s: Optional[float] = None  # forward+backward time of the last step (straggler detection)
+        self.behind: Optional[Behind] = None  # parameters first: the optimizer state still arriving behind the first step
 
     # ------------------------------------------------------------------ set-up
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -151,6 +150,8 @@ class Worker:
 
         self.cfg = OmegaConf.create(config)
         torch.set_num_threads(self.cfg.train.threads)
+        # gloo reads it when a group is built: lazy = each pair connects on its first use (train/comm.py)
+        os.environ["TORCH_GLOO_LAZY_INIT"] = "1" if self.cfg.cluster.gloo_lazy_connect else "0"
         self.device, self.backend = cuda.prepare(self.cfg.cluster, self.local_index, os.environ, log)
         self.task = instantiate(self.cfg.task)
         world = self.cfg.cluster.nodes * self.cfg.cluster.workers_per_node
@@ -229,9 +230,7 @@ class Worker:
             elif kind == "assign":
                 self._on_assign(msg)
             elif kind == "abort":
-                fault = self._due("recovery", self.step)
-                if fault is not None:
-                    self._fire(fault, self.step)
+                self._fire_due("recovery", self.step)
                 self._send_held(int(msg["gen"]), reason="abort")
             elif kind == "inject":
                 self._fire(self.faults[int(msg["index"])], self.step)
@@ -253,52 +252,22 @@ class Worker:
             return None
         return faultlib.due(self.faults, self.faults_done, self.rank, self.cfg.cluster.workers_per_node, step, at)
 
+    def _fire_due(self, at: str, step: Optional[int]) -> None:
+        fault = self._due(at, step)
+        if fault is not None:
+            self._fire(fault, step)
+
     def held_step(self) -> Optional[int]:
         """The committed step of the job's state this process holds; None when it holds none (a
-        spare that never received it): such a process is never a source, nor saved."""
-        return self.step if self.holds_job_state else None
+        spare that never received it, or one whose optimizer state is still arriving behind its first
+        step): such a process is never a source, nor saved."""
+        return self.step if self.holds_job_state and self.behind is None else None
 
     def _send_held(self, abort_gen: Optional[int], reason: str) -> None:
         msg = {"type": "held", "gen": self.gen, "abort_gen": abort_gen, "step": self.held_step(), "pid": os.getpid(), "reason": reason}
         if self.shards is not None:  # what it can serve: shard -> steps (live, snapshots, copies held for peers)
             msg["inventory"] = {str(k): v for k, v in self.shards.inventory(self.held_step()).items()}
         self.client.send(msg)
-
-    # ------------------------------------------------------------------ waiting, interruptibly
-    def _wait_until(self, done: Callable[[], bool], gen: int, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if done():
-                return "done"
-            if self.abort_gen > gen or self._stopping or self._orphaned:
-                return "abort"
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return "timeout"
-            self._wake.wait(remaining)
-            self._wake.clear()
-
-    def _interruptible(self, fn: Callable[[], Any], gen: int, timeout_s: float, what: str) -> Any:
-        box: Dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-                box["error"] = e
-            finally:
-                box["done"] = True
-                self._wake.set()
-
-        threading.Thread(target=run, name=what, daemon=True).start()
-        outcome = self._wait_until(lambda: "done" in box, gen, timeout_s)
-        if outcome == "abort":
-            raise Aborted(what)
-        if outcome == "timeout":
-            raise CollectiveError(f"{what} timed out after {timeout_s:.1f}s")
-        if "error" in box:
-            raise box["error"]
-        return box["value"]
 
     # ------------------------------------------------------------------ generations
     def _on_assign(self, msg: Dict[str, Any]) -> None:
@@ -308,6 +277,7 @@ class Worker:
         self.gen, self.rank, self.world = gen, int(msg["rank"]), int(msg["world"])
         self.faults_done = set(msg.get("faults_done", []))
         self.ctx.update(gen=gen, rank=self.rank)
+        self._drop_behind()  # a generation that never trained: the parameters alone are no state
         target = int(msg["step"])
         timeout_s = self.cfg.cluster.recovery_timeout_s
         self.engine.take_rank(self.rank)
@@ -337,69 +307,6 @@ class Worker:
         self.client.send({"type": "ready", "gen": gen, "rank": self.rank, "pid": os.getpid(), "form_s": time.monotonic() - t0})
         log.info("generation %d formed: rank %d of %d at step %d; %s", gen, self.rank, self.world, self.step, " ".join(f"{k}={v}" for k, v in resources().items()))
         self._train(gen)
-
-    def _fetch(self, sources: List[Dict[str, Any]], gen: int, target: int, timeout_s: float) -> None:
-        if not sources:
-            raise TransferError(f"step {target} needed but the coordinator named no source")
-        errors = []
-        for src in sources * 3:  # a damaged transfer is fetched again, from another peer where one exists
-            fault = self._due("receive", target)
-            if fault is not None:
-                self._fire(fault, target)
-            try:
-                shard = self.shards.shard if self.shards is not None else None
-                got = self._interruptible(
-                    lambda: fetch_state(src["host"], int(src["port"]), self.secret, gen, target, timeout_s, self.arena, shard=shard), gen, timeout_s, "fetch-state"
-                )
-            except TransferError as e:
-                errors.append(str(e))
-                log.warning("state fetch from %s failed: %s", src.get("worker"), e)
-                self.client.send({"type": "transfer_error", "gen": gen, "source": src.get("worker"), "error": str(e)})
-                continue
-            t0 = time.monotonic()
-            self.engine.apply(got.entries, got.meta)
-            self.arena = None  # its memory now holds (part of) the optimizer state
-            self.step = target
-            self.ctx["step"] = target
-            self.client.send(
-                {"type": "fetched", "gen": gen, "source": src.get("worker"), "bytes": got.nbytes, "seconds": got.seconds, "apply_s": time.monotonic() - t0}
-            )
-            log.info("received %.1f MB of state at step %d from %s in %.3fs (checksum ok)", got.nbytes / 1e6, target, src.get("worker"), got.seconds)
-            return
-        raise TransferError("; ".join(errors))
-
-    def _load(self, saved: Dict[str, Any]) -> None:
-        """Start from the emergency copy of a requeued job (the one time state comes from storage);
-        a missing or damaged copy is refused and ends the job (never loaded, never trained on)."""
-        t0 = time.monotonic()
-        try:
-            entries, meta = emergency.read(saved["path"], saved.get("sha256"))
-        except emergency.EmergencyCopyError as e:
-            log.error("cannot resume: %s", e)
-            self.client.send({"type": "load_failed", "path": saved["path"], "error": str(e)})
-            raise Aborted("load") from None
-        self.engine.apply(entries, meta)
-        self.step = int(meta["step"])
-        log.info("loaded the emergency copy of step %d from %s in %.2fs", self.step, saved["path"], time.monotonic() - t0)
-
-    def _provide(self, gen: int, step: int, shard: Optional[int] = None) -> Any:
-        copy = self.shards.get(shard, step) if self.shards is not None and shard is not None else None
-        if copy is not None:
-            entries, meta = copy
-        elif self.training or self.step != step or (self.shards is not None and shard != self.shards.shard):
-            what = f"step {self.step} (training={self.training})" if self.shards is None else f"{self.shards.describe(self.step)}"
-            raise StaleState(f"{self.node} holds {what}; asked for step {step} of generation {gen}" + (f", shard {shard}" if shard is not None else ""))
-        else:
-            entries, meta = self.engine.collect(self.step)
-        fault = self._due("send", step)
-        if fault is not None and fault.kind in faultlib.WIRE:
-            self.faults_done.add(fault.index)
-            self.client.send({"type": "fault", "index": fault.index, "kind": fault.kind, "at": "send", "gen": gen, "rank": self.rank, "step": step, "pid": os.getpid()})
-            log.warning("injecting fault: %s", fault.describe())
-            return entries, meta, fault.kind.split("_")[0]  # "corrupt" | "truncate"
-        if fault is not None:
-            self._fire(fault, step)
-        return entries, meta
 
     def _form(self, gen: int) -> Communicator:
         """Generation ``gen``'s group, on a store client of its own (an abandoned formation may
@@ -453,14 +360,17 @@ class Worker:
         try:
             while self.step < steps:
                 if self.abort_gen > gen or self._stopping or self._orphaned:
+                    self._drop_behind()
                     self._abandon_group()
                     return
                 if not self._one_step(gen):
                     return
         except Aborted:
+            self._drop_behind()
             self._abandon_group()
             return
         except (CollectiveError, StepFailed) as e:
+            self._drop_behind()
             self._abandon_group()
             log.warning("collective failed at step %d: %s", self.step, e)
             self.training = False
@@ -484,13 +394,13 @@ class Worker:
         """One step; False when it was refused (non-finite, train.on_nonfinite=stop)."""
         step = self.step
         t0 = time.perf_counter()
+        if self.behind is not None:
+            self._start_behind(step)
         res = self.engine.step(step, lambda: self._after_backward(step, t0), lambda futures: self._wait(futures, gen, step))
         if not res.committed:
             self._report_nonfinite(gen, step, res)
             return False
-        fault = self._due("update", step)
-        if fault is not None:  # right after the optimizer update: before the step is counted or copied
-            self._fire(fault, step)
+        self._fire_due("update", step)  # right after the optimizer update: before the step is counted or copied
         if res.skipped:
             log.warning("step %d skipped (%s): loss %s, grad norm %s", step, res.skipped, res.loss, res.grad_norm)
         self.step = step + 1
@@ -523,9 +433,9 @@ class Worker:
                 self.client.send({"type": "fault", "index": slow.index, "kind": slow.kind, "at": "step", "gen": self.gen, "rank": self.rank, "step": step, "pid": os.getpid()})
             time.sleep((slow.factor - 1) * (time.perf_counter() - t0))
         self.compute_s = time.perf_counter() - t0
-        fault = self._due("step", step)
-        if fault is not None:
-            self._fire(fault, step)
+        self._fire_due("step", step)
+        if self.behind is not None:  # parameters first: the last collective waits for the optimizer state
+            self._land_behind(self.gen, step)
         if self.shards is not None:  # the last collective of this step waits for our last copy (shards.py)
             self._await_copy(self.gen, step)
 
@@ -552,43 +462,6 @@ class Worker:
                 f.wait()
         except Exception as e:  # gloo raises RuntimeError subclasses on a lost peer
             raise CollectiveError(f"allreduce at step {step}: {e}") from None
-
-    # ------------------------------------------------------------------ stop
-    def _save(self, path: str) -> Dict[str, Any]:
-        """Write the committed state once (state/emergency.py: never over a newer copy, never a
-        damaged one); raises emergency.EmergencyCopyError when it cannot be written."""
-        entries, meta = self.engine.collect(self.step)
-        return emergency.write(path, entries, meta)
-
-    def _save_shard(self, path: str, shard: int, step: int) -> None:
-        """One shard of a sharded emergency copy: from a snapshot, a held copy, or the live state."""
-        assert self.shards is not None
-        copy = self.shards.get(shard, step)
-        if copy is None and shard == self.shards.shard and step == self.held_step():
-            copy = self.engine.collect(step)
-        if copy is None:
-            log.error("asked to save shard %d at step %d, which this worker does not hold (%s)", shard, step, self.shards.describe(self.step))
-            return
-        entries, meta = copy
-        try:
-            rec = emergency.write(path, entries, meta, describe=f"shard {shard}: ")
-        except emergency.EmergencyCopyError as e:
-            log.error("%s", e)
-            self.client.send({"type": "save_failed", "path": path, "step": step, "error": str(e)})
-            return
-        self.client.send({"type": "saved", "path": path, "step": rec["step"], "sha256": rec["sha256"], "bytes": rec["bytes"], "written": rec["written"], "shard": shard})
-
-    def _on_stop(self, msg: Dict[str, Any]) -> None:
-        path = msg.get("save")
-        if path and self.held_step() is not None:
-            try:
-                self.client.send({"type": "saved", **self._save(path)})
-            except emergency.EmergencyCopyError as e:
-                log.error("%s", e)
-                self.client.send({"type": "save_failed", "path": path, "step": self.step, "error": str(e)})
-        time.sleep(0.05)
-        exit_now(0)
-
 
 def _num(x: float) -> Any:
     """A float for JSON: non-finite values as their names ("nan", "inf")."""

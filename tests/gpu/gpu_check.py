@@ -88,7 +88,7 @@ def transfer(device: str, size: str) -> Dict[str, Any]:
 
     entries, meta = collect_state(model, opt, task, 0)
     nbytes = sum(t.numel() * t.element_size() for _, t in entries)
-    server = StateServer("127.0.0.1", "s" * 32, lambda gen, step, shard=None: (entries, meta))
+    server = StateServer("127.0.0.1", "s" * 32, lambda gen, step, shard=None, **_: (entries, meta))
     arena = Arena(nbytes + (1 << 20), pinned=device == "cuda")
     fetch_s, to_device_s = [], []
     for _ in range(3):

@@ -69,8 +69,9 @@ def test_fault_moment_is_refused_where_the_kind_has_a_fixed_one():
     (err,) = validation_errors(cfg("fault=slow", "fault.at=recovery"))
     assert err.startswith("fault.at='recovery': a slow fault always strikes 'step'") and "HINT" in err
     (err,) = validation_errors(cfg("fault=corrupt_transfer", "fault.at=receive"))
-    assert "a corrupt_transfer fault always strikes 'send'" in err
+    assert "a corrupt_transfer fault strikes a state being served" in err and "fault.at=optimizer" in err
     assert not validation_errors(cfg("fault=corrupt_transfer", "fault.at=send"))
+    assert not validation_errors(cfg("fault=corrupt_transfer", "fault.at=optimizer"))
     assert not validation_errors(cfg("fault=truncate_transfer"))
     assert not validation_errors(cfg("fault=kill_worker", "fault.rank=1", "fault.at=receive"))
 
@@ -84,3 +85,8 @@ def test_fault_list_form():
 def test_unknown_key_is_rejected():
     with pytest.raises(Exception, match="stpes"):
         cfg("train.stpes=3")
+
+
+def test_fetch_parallel_must_be_a_positive_integer():
+    (err,) = validation_errors(cfg("cluster.fetch_parallel=0"))
+    assert err.startswith("cluster.fetch_parallel=0: must be an integer >= 1") and "HINT" in err

@@ -102,6 +102,44 @@ def test_state_taken_mid_run_continues_bitwise(case):
     b.close()
 
 
+@pytest.mark.parametrize("case", list(CASES))
+def test_parameters_first_then_the_optimizer_state_behind_the_step_continues_bitwise(case):
+    """apply_first (model, buffers, task, scheduler/scaler scalars), the step's forward and
+    backward on it, the optimizer's part only before the collectives land (as the worker does):
+    the same state as the whole state applied at once."""
+    from ckptless_hpc.state.transfer import select
+
+    make, train = CASES[case]
+    a = _engine(make(), **train)
+    _run(a, 0, 6)
+    b = _engine(make(), **train)
+    entries, meta = a.collect(6)
+    first = [(k, t.clone()) for k, t in select(entries, "first")]
+    rest = [(k, t.clone()) for k, t in select(entries, "rest")]
+    assert first and rest and {k for k, _ in first}.isdisjoint(k for k, _ in rest) and len(first) + len(rest) == len(entries)
+    b.apply_first(first, meta)
+    assert b.state_step is None  # not a whole state yet: never served, never saved
+    landed = []
+    res = b.step(6, lambda: landed.append(b.apply_rest(rest, meta)), _wait)
+    assert landed and res.committed and b.state_step == 7
+    _run(a, 6, 7)
+    assert _sha(b, 7) == _sha(a, 7)
+    _run(a, 7, 12)
+    _run(b, 7, 12)
+    assert _sha(b, 12) == _sha(a, 12)
+    a.close()
+    b.close()
+
+
+def test_parameters_first_is_refused_for_sharded_state():
+    c = _cfg()
+    c.parallel.mode = "zero"
+    e = Engine(c, MLPTask(), torch.device("cpu"), world=1)
+    with pytest.raises(ValueError, match="parallel.mode=zero: parameters first is for the replicated state"):
+        e.apply_first([], {"step": 0})
+    e.close()
+
+
 def test_one_reduction_per_step_whatever_the_accumulation():
     for k in (1, 4):
         e = _engine(T.BatchNormMLP(hidden=512), grad_accum=k, bucket_mb=0.005)

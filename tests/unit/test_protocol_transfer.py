@@ -79,7 +79,7 @@ def test_state_moves_bitwise_and_is_verified():
     src = collect_state(model, opt, task, 3)
     served = {"step": 3}
 
-    def provide(gen, step, shard=None):
+    def provide(gen, step, shard=None, part="all"):
         if step != served["step"]:
             raise StaleState(f"holds step {served['step']}, asked for step {step}")
         return collect_state(model, opt, task, step)
@@ -105,7 +105,7 @@ def test_state_moves_bitwise_and_is_verified():
 def test_damaged_stream_is_detected(damage, message):
     """The source damages the bytes on the wire after checksumming them (the injected faults)."""
     task, model, opt = _trained(1)
-    server = StateServer("127.0.0.1", SECRET, lambda gen, step, shard=None: (*collect_state(model, opt, task, step), damage))
+    server = StateServer("127.0.0.1", SECRET, lambda gen, step, shard=None, **_: (*collect_state(model, opt, task, step), damage))
     try:
         with pytest.raises(TransferError, match=message):
             fetch_state("127.0.0.1", server.port, SECRET, gen=0, step=1, timeout_s=10)

@@ -28,7 +28,7 @@ def _state(step: int, n: int = 1000):
 def _holder():
     store = ShardStore()
 
-    def provide(gen, step, shard=None):
+    def provide(gen, step, shard=None, part="all"):
         copy = store.get(shard, step, own_shard=None)
         if copy is None:
             raise StaleState(f"no copy of shard {shard} at {step}")

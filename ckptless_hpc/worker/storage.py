@@ -1,0 +1,68 @@
+"""The worker's side of the job's one storage copy: the emergency copy written when the whole
+allocation must go (state/emergency.py: never over a newer copy, never a damaged one), one shard
+of it in a sharded mode, and the copy a requeued job starts from."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Dict
+
+from ..state import emergency
+from .control import exit_now
+from .interrupt import Aborted
+
+log = logging.getLogger("ckptless_hpc.worker")
+
+
+class StorageCopy:
+    """Mixed into the worker (its engine, client, step and shard copies)."""
+
+    def _load(self, saved: Dict[str, Any]) -> None:
+        """Start from the emergency copy of a requeued job (the one time state comes from storage);
+        a missing or damaged copy is refused and ends the job (never loaded, never trained on)."""
+        t0 = time.monotonic()
+        try:
+            entries, meta = emergency.read(saved["path"], saved.get("sha256"))
+        except emergency.EmergencyCopyError as e:
+            log.error("cannot resume: %s", e)
+            self.client.send({"type": "load_failed", "path": saved["path"], "error": str(e)})
+            raise Aborted("load") from None
+        self.engine.apply(entries, meta)
+        self.step = int(meta["step"])
+        log.info("loaded the emergency copy of step %d from %s in %.2fs", self.step, saved["path"], time.monotonic() - t0)
+
+    def _save(self, path: str) -> Dict[str, Any]:
+        """Write the committed state once (state/emergency.py: never over a newer copy, never a
+        damaged one); raises emergency.EmergencyCopyError when it cannot be written."""
+        entries, meta = self.engine.collect(self.step)
+        return emergency.write(path, entries, meta)
+
+    def _save_shard(self, path: str, shard: int, step: int) -> None:
+        """One shard of a sharded emergency copy: from a snapshot, a held copy, or the live state."""
+        assert self.shards is not None
+        copy = self.shards.get(shard, step)
+        if copy is None and shard == self.shards.shard and step == self.held_step():
+            copy = self.engine.collect(step)
+        if copy is None:
+            log.error("asked to save shard %d at step %d, which this worker does not hold (%s)", shard, step, self.shards.describe(self.step))
+            return
+        entries, meta = copy
+        try:
+            rec = emergency.write(path, entries, meta, describe=f"shard {shard}: ")
+        except emergency.EmergencyCopyError as e:
+            log.error("%s", e)
+            self.client.send({"type": "save_failed", "path": path, "step": step, "error": str(e)})
+            return
+        self.client.send({"type": "saved", "path": path, "step": rec["step"], "sha256": rec["sha256"], "bytes": rec["bytes"], "written": rec["written"], "shard": shard})
+
+    def _on_stop(self, msg: Dict[str, Any]) -> None:
+        path = msg.get("save")
+        if path and self.held_step() is not None:
+            try:
+                self.client.send({"type": "saved", **self._save(path)})
+            except emergency.EmergencyCopyError as e:
+                log.error("%s", e)
+                self.client.send({"type": "save_failed", "path": path, "step": self.step, "error": str(e)})
+        time.sleep(0.05)
+        exit_now(0)
