@@ -80,7 +80,7 @@ def plan_recovery(
         return None, f"no surviving rank holds a committed state (failed: {sorted(failed)})"
     target = max(known.values())
     holders = [w for r, w in sorted(survivors.items()) if known.get(w) == target]
-    promoted, why = promote(ranks, failed, spares, active_nodes, bad_nodes)
+    promoted, why = _promote(ranks, failed, spares, active_nodes, bad_nodes)
     if promoted is None:
         return None, why
     new_ranks = dict(survivors)
@@ -91,7 +91,7 @@ def plan_recovery(
     return Plan(target, dict(sorted(new_ranks.items())), promoted, sources), reason
 
 
-def promote(
+def _promote(
     ranks: Mapping[int, str], failed: Set[str], spares: Sequence[Spare], active_nodes: Set[str], bad_nodes: Set[str]
 ) -> Tuple[Optional[Dict[int, str]], str]:
     """Each failed rank -> a usable spare (best first), or (None, why) when too few are left."""
@@ -126,7 +126,7 @@ def plan_sharded_recovery(
     from ..state.placement import plan_shards
 
     survivors = {r: w for r, w in ranks.items() if w not in failed}
-    promoted, why = promote(ranks, failed, spares, active_nodes, bad_nodes)
+    promoted, why = _promote(ranks, failed, spares, active_nodes, bad_nodes)
     if promoted is None:
         return None, why
     new_ranks = dict(survivors)

@@ -5,15 +5,6 @@ detected, and the time it is given; it returns the actions the shell carries out
 events, losses, launcher calls). No sockets, processes or clocks here: ``Coordinator._recover``
 (server.py) is the shell.
 
-Survivors are assigned as their ``held`` arrives (replicated state, DDP): the target step is the
-newest step any survivor holds, and survivors hold the same step but for an allreduce that
-completed on part of the ring. So the first held step is taken as the target, each survivor
-holding it is assigned at once (same rank, nothing to fetch), and the ones that must fetch (the
-promoted spares, survivors behind) are assigned once every survivor has held, with sources
-spread over all holders. A survivor ahead of that target makes the early assigns wrong: the
-next generation is planned the classic way (every held first). Sharded state is always planned
-the classic way (the target needs every survivor's inventory).
-
 A recovery may take several generations: a failure during it, a survivor that does not hold in
 time, a replacement that cannot start (start failures re-plan at once, a worker failing
 ``max_start_failures`` generations in a row is lost) each begin the next generation of the same
@@ -29,7 +20,7 @@ from ..metrics import Recovery
 from ..state.placement import LOST
 from .inbox import Fetched, Held, Joining, Message, Ready
 from .membership import Membership
-from .planner import Plan, plan_recovery, plan_sharded_recovery, promote
+from .planner import Plan, plan_recovery, plan_sharded_recovery
 from .sharding import Layout, inventories
 from .tally import Arrivals
 
@@ -118,7 +109,6 @@ class _Tally:
     """What the workers said in one generation of the recovery."""
 
     held: Dict[str, Held] = field(default_factory=dict)
-    arrived: List[str] = field(default_factory=list)  # who held, in order
     ready: Set[str] = field(default_factory=set)
     joining: Set[str] = field(default_factory=set)  # holds its state, forming the group
     start_failed: Dict[str, str] = field(default_factory=dict)  # could not start it (e.g. no good copy fetched): why
@@ -146,14 +136,9 @@ class RecoveryMachine:
         self._again = True  # a new generation is due (the first one, or after a timeout / start failure)
         self._tally = _Tally()
         self._survivors: Dict[int, str] = {}
-        self._rank_of: Dict[str, int] = {}
         self._waiting: Any = lambda: False
         self._start_failures: Dict[str, int] = {}  # worker -> generations of this recovery it could not start
         self._limit = 0.0  # the forming phase's bound (for the reason a late worker is given)
-        self._eager = not layout.sharded  # survivors assigned as they hold (off for the rest of the recovery once wrong)
-        self._early: Dict[str, int] = {}  # this generation's survivors assigned before every survivor held: worker -> rank
-        self._early_target: Optional[int] = None
-        self._seen = 0  # held arrivals looked at
 
     # ---------------------------------------------------------------- inputs
     @property
@@ -164,8 +149,6 @@ class RecoveryMachine:
         """A typed message from a worker; only what answers this generation counts."""
         t = self._tally
         if isinstance(msg, Held) and msg.abort_gen == self.gen:
-            if worker not in t.held:
-                t.arrived.append(worker)
             t.held[worker] = msg
         elif isinstance(msg, Ready) and msg.gen == self.gen:
             t.ready.add(worker)
@@ -178,12 +161,9 @@ class RecoveryMachine:
         if gen == self.gen:
             self._tally.start_failed[worker] = why
 
-    def due(self) -> bool:
-        """``advance`` has something to do now: what the phase waits for has arrived, or survivors
-        held that can be assigned early (cheap: the shell asks after every wake-up)."""
-        if self._again or self._waiting():
-            return True
-        return self.phase == HOLD and self._eager and len(self._tally.arrived) > self._seen
+    def satisfied(self) -> bool:
+        """What the current phase waits for has arrived (cheap: the shell asks after every wake-up)."""
+        return self._again or self._waiting()
 
     def advance(self, now: float, failures: Optional[Mapping[str, Tuple[str, float]]] = None) -> List[Action]:
         """What to do now, given the failures detected since the last call ((reason, detect time)
@@ -195,7 +175,7 @@ class RecoveryMachine:
         if self._failures or self._again:
             return self._bump(now)
         if not self._waiting() and (self.deadline is None or now < self.deadline):
-            return self._assign_early() if self.phase == HOLD and self._eager else []
+            return []
         if self.phase == HOLD:
             return self._after_hold(now)
         if self.phase == BUILD:  # built, or out of time: assign anyway (a spare that never serves fails its fetchers' start)
@@ -222,9 +202,7 @@ class RecoveryMachine:
         rec.reasons += [r for r, _ in failures.values()]
         self.gen += 1
         self._tally = _Tally()
-        self._early, self._early_target, self._seen = {}, None, 0
         self._survivors = self.members.survivors()
-        self._rank_of = {w: r for r, w in self._survivors.items()}
         held = self._tally.held
         self._enter(HOLD, Arrivals(self._survivors.values(), held.__contains__), now + self.opts.recovery_timeout_s)
         return out + [
@@ -241,47 +219,14 @@ class RecoveryMachine:
         self._again = True
         return out
 
-    def _assign_early(self) -> List[Action]:
-        """Survivors holding the first step held: assigned now (see the module's docstring)."""
-        t = self._tally
-        new, self._seen = t.arrived[self._seen :], len(t.arrived)
-        rank_of = self._rank_of
-        now_assigned: Dict[int, str] = {}
-        for w in new:
-            step = t.held[w].step
-            if step is None:
-                continue  # holds no state: fetches, once every survivor has held
-            if self._early_target is None:
-                m = self.members
-                promoted, _ = promote(m.ranks, m.failed(), [sp for sp in m.spares() if sp.worker not in self.doomed], m.active_nodes, m.bad_nodes)
-                if promoted is None:  # no spare for every failed rank: the survivors must stay held (the state is saved)
-                    self._eager = False
-                    return []
-                self._early_target = step
-            if step > self._early_target:  # a survivor is ahead: the early assigns name the wrong step
-                return self._wrong_target()
-            if step == self._early_target:
-                now_assigned[rank_of[w]] = w
-        self._early.update({w: r for r, w in now_assigned.items()})
-        return [Assign(now_assigned, self._early_target, {})] if now_assigned else []  # type: ignore[arg-type]
-
-    def _wrong_target(self) -> List[Action]:
-        self._eager = False
-        return self._again_after([Emit("early_assign_superseded", None, {"step": self._early_target, "assigned": len(self._early)})])
-
     def _after_hold(self, now: float) -> List[Action]:
         held = self._tally.held
         if not self._waiting():  # timed out
             late = [w for w in self._survivors.values() if w not in held]
             why = f"did not hold within cluster.recovery_timeout_s={self.opts.recovery_timeout_s:g}s"
             return self._again_after([Lose(w, why) for w in late])
-        early = self._assign_early() if self._eager else []  # the last arrivals
-        if self._again:
-            return early
         held_steps = {w: m.step for w, m in held.items()}
         plan, reason = self._plan(held_steps)
-        if self._early and (plan is None or plan.target_step != self._early_target):
-            return early + self._wrong_target()  # survivors were told to form a generation that cannot be: the next one, planned in full
         if plan is None:
             self.phase = GAVE_UP
             lost = reason.startswith(LOST)
@@ -290,7 +235,7 @@ class RecoveryMachine:
         self.record.target_step = plan.target_step
         self.plan = plan
         self.members.adopt(plan)
-        out: List[Action] = early + [Emit("spare_promoted", w, {"rank": r, "step": plan.target_step}) for r, w in plan.promoted.items()]
+        out: List[Action] = [Emit("spare_promoted", w, {"rank": r, "step": plan.target_step}) for r, w in plan.promoted.items()]
         if self.layout.sharded:  # holders are named by address: a promoted spare must be serving first
             workers = self.members.workers
             self._enter(BUILD, lambda: all(workers[w].built for w in plan.promoted.values()), now + self.opts.startup_timeout_s)
@@ -315,8 +260,7 @@ class RecoveryMachine:
         ready = Arrivals(ranks.values(), t.ready.__contains__)
         self._enter(FORM, lambda: bool(t.start_failed) or ready(), now + limit)
         self._limit = limit
-        rest = {r: w for r, w in ranks.items() if w not in self._early} if self._early else ranks
-        return [Assign(rest, plan.target_step, plan.sources), ReleaseCommands()]
+        return [Assign(ranks, plan.target_step, plan.sources), ReleaseCommands()]
 
     def _after_form(self, now: float) -> List[Action]:
         t = self._tally

@@ -563,11 +563,11 @@ class Coordinator(Channel, Ending):
                         self._reformed(a.record, a.plan)
                         return None
                     self._carry_out(a)
-                if self.pending or m.due():
+                if self.pending or m.satisfied():
                     timed_out = False
                     continue
                 left = None if m.deadline is None else max(0.0, m.deadline - self.clock())
-                timed_out = not await self._until(lambda: bool(self.pending) or m.due(), left)
+                timed_out = not await self._until(lambda: bool(self.pending) or m.satisfied(), left)
         finally:
             self.recovery = None
             self.launcher.release_commands()  # whatever the outcome: the queued scheduler commands run
