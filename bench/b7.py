@@ -183,7 +183,7 @@ def _results(events: List[Dict[str, Any]], run_dir: Path, k: int, victim: str, t
         "reformed_ms": round(1000 * (reformed["time"] - closed["t"]), 1),
         "resumed_ms": round(1000 * (resumed["time"] - closed["t"]), 1),
         "false_failures": sum(1 for e in failures if e.get("worker") != victim),
-        "recovery_generations": reformed["gen"] - gen0["gen"],  # 1 unless early assigns were superseded (a rank held a newer step)
+        "recovery_generations": reformed["gen"] - gen0["gen"],  # 1 unless a failure, timeout or start failure began another
         "coordinator_stalls": summary.get("coordinator_stalls"), "stall_events": sum(1 for e in events if e["event"] == "coordinator_stalled"),
         "steps_seen": summary.get("steps_completed"), "status": summary.get("status"),
     }
