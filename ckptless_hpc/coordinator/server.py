@@ -1,9 +1,10 @@
 """The coordinator: one per job, in the launching process (local) or the batch step (Slurm).
 
 It owns membership (generation -> rank -> worker), detects failures (process exit, lost
-control connection, missed heartbeats, collective errors reported by survivors), runs the
-recovery protocol of DESIGN.md, keeps the spare pool, and writes events.jsonl and
-summary.json. It never sees training data or state: workers talk to each other.
+control connection, missed heartbeats, collective errors reported by survivors), carries out
+the recovery protocol of DESIGN.md (decided by recovery.RecoveryMachine), keeps the spare
+pool, and writes events.jsonl and summary.json. It never sees training data or state: workers
+talk to each other.
 """
 
 from __future__ import annotations
