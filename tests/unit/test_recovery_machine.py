@@ -27,9 +27,9 @@ class Job:
     """Membership of ``nodes`` x ``wpn`` ranks plus spare nodes, and a shell that carries out
     only what the machine's tests need (losses become failures, assigns adopt the ranks)."""
 
-    def __init__(self, nodes: int, wpn: int, spare_nodes: int) -> None:
+    def __init__(self, nodes: int, wpn: int, spare_nodes: int, *overrides: str) -> None:
         self.members = m = membership(nodes, wpn, spare_nodes)
-        self.layout = Layout(cfg("task=mlp", f"cluster.nodes={nodes}", f"cluster.workers_per_node={wpn}"))
+        self.layout = Layout(cfg("task=mlp", f"cluster.nodes={nodes}", f"cluster.workers_per_node={wpn}", *overrides))
         self.failures: Dict[str, Tuple[str, float]] = {}
         self.machine = RecoveryMachine(m, self.layout, OPTS, gen=0)
 
@@ -207,3 +207,25 @@ def test_a_mass_failure_at_10k_ranks_is_one_generation_with_small_assigns():
     job.ready_all()
     rec = job.advance(T0 + 2)[0].record
     assert len(rec.failed_ranks) == lost_nodes * wpn and rec.attempts == 1 and len(rec.replacements) == lost_nodes * wpn
+
+
+def test_sharded_state_assigns_only_once_the_promoted_spare_serves_or_its_start_up_time_is_over():
+    for built_in_time in (True, False):
+        job = Job(2, 1, 1, "parallel=zero")
+        spare = job.members.workers["s0.0"]
+        spare.built = False  # still importing torch, building its model
+        job.fail("n1.0", T0)
+        job.advance(T0)
+        job.machine.on_message("n0.0", Held(gen=0, abort_gen=1, step=5, inventory={"0": [4, 5], "1": [5]}))  # its shard and rank 1's copy
+        acts = job.advance(T0 + 1)
+        assert kinds(acts) == ["Emit"] and acts[0].event == "spare_promoted" and not job.machine.satisfied()
+        if built_in_time:
+            spare.built = True
+            assert job.machine.satisfied()
+            now = T0 + 2
+        else:
+            assert job.advance(T0 + 1 + OPTS.startup_timeout_s - 0.01) == []
+            now = T0 + 1 + OPTS.startup_timeout_s
+        acts = job.advance(now)
+        assert kinds(acts) == ["Assign", "ReleaseCommands"]
+        assert acts[0].step == 5 and acts[0].ranks == {0: "n0.0", 1: "s0.0"} and acts[0].sources == {"s0.0": ["n0.0"]}
