@@ -183,6 +183,7 @@ def _results(events: List[Dict[str, Any]], run_dir: Path, k: int, victim: str, t
         "reformed_ms": round(1000 * (reformed["time"] - closed["t"]), 1),
         "resumed_ms": round(1000 * (resumed["time"] - closed["t"]), 1),
         "false_failures": sum(1 for e in failures if e.get("worker") != victim),
+        "recovery_generations": reformed["gen"] - gen0["gen"],  # 1 unless a failure, timeout or start failure began another
         "coordinator_stalls": summary.get("coordinator_stalls"), "stall_events": sum(1 for e in events if e["event"] == "coordinator_stalled"),
         "steps_seen": summary.get("steps_completed"), "status": summary.get("status"),
     }
@@ -199,11 +200,15 @@ def metrics_cost(run_dir: Path, calls: int = 2000) -> Dict[str, Any]:
     rec = c.workers["sim0.0"] = WorkerRec("sim0.0", "sim0", 0, "active", rank=0)
     c.ranks = {0: "sim0.0"}
 
-    def timed(first: int) -> float:
-        t0 = time.perf_counter()
-        for s in range(first, first + calls):
-            c._dispatch(rec, {"type": "metrics", "step": s, "loss": 1.0, "step_s": 0.01, "gen": 0, "samples": 8})
-        return (time.perf_counter() - t0) / calls
+    def timed(first: int, repeats: int = 3) -> float:
+        """The best of ``repeats`` runs of ``calls`` messages (one run is ~60 ms: a neighbour's burst on this shared machine moved a single run by 15 %)."""
+        best = math.inf
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for s in range(first, first + calls):
+                c._dispatch(rec, {"type": "metrics", "step": s, "loss": 1.0, "step_s": 0.01, "gen": 0, "samples": 8})
+            best = min(best, (time.perf_counter() - t0) / calls)
+        return best
 
     timed(1)
     at_1k = timed(1000)

@@ -8,7 +8,7 @@ per rank every interval, and the coordinator reads its two fields in place.
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, Dict, Optional, Type, Union
+from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
 
 class MessageError(ValueError):
@@ -146,8 +146,7 @@ _NUMBER = (int, float)
 _CHECKS = {int: _NUMBER, float: _NUMBER, str: (str,)}
 
 
-def _check(kind: str, name: str, want: Any, value: Any, required: bool) -> Any:
-    base = {"int": int, "float": float, "str": str}.get(str(want).replace("Optional[", "").rstrip("]"))
+def _check(kind: str, name: str, base: Optional[type], value: Any, required: bool) -> Any:
     if value is None:
         if required:
             raise MessageError(f"{kind!r} message: field {name!r} is missing. HINT: worker and coordinator must be the same ckptless_hpc version")
@@ -158,6 +157,22 @@ def _check(kind: str, name: str, want: Any, value: Any, required: bool) -> Any:
     return int(value) if base is int and isinstance(value, float) and value.is_integer() else value
 
 
+Spec = Tuple[str, Optional[type], bool, Any]  # field name, its checked type (None: any), required, default
+
+
+def _spec(cls: Type[Any]) -> List[Spec]:
+    """What ``parse`` checks of each field, worked out once per kind (it runs for every message
+    of a recovery: held, joining, ready from every rank)."""
+    out = []
+    for f in fields(cls):
+        base = {"int": int, "float": float, "str": str}.get(str(f.type).replace("Optional[", "").rstrip("]"))
+        out.append((f.name, base, f.default is MISSING and f.default_factory is MISSING, f.default))
+    return out
+
+
+_SPECS: Dict[str, List[Spec]] = {kind: _spec(cls) for kind, cls in KINDS.items()}
+
+
 def parse(msg: Dict[str, Any]) -> Optional[Message]:
     """The typed message, or None for a kind this coordinator does not know."""
     kind = msg.get("type")
@@ -165,7 +180,6 @@ def parse(msg: Dict[str, Any]) -> Optional[Message]:
     if cls is None:
         return None
     args = {}
-    for f in fields(cls):
-        required = f.default is MISSING and f.default_factory is MISSING
-        args[f.name] = _check(kind, f.name, f.type, msg.get(f.name), required) if f.name in msg or required else f.default
+    for name, base, required, default in _SPECS[kind]:  # type: ignore[index]
+        args[name] = _check(kind, name, base, msg.get(name), required) if name in msg or required else default  # type: ignore[arg-type]
     return cls(**args)

@@ -1,9 +1,10 @@
 """The coordinator: one per job, in the launching process (local) or the batch step (Slurm).
 
 It owns membership (generation -> rank -> worker), detects failures (process exit, lost
-control connection, missed heartbeats, collective errors reported by survivors), runs the
-recovery protocol of DESIGN.md, keeps the spare pool, and writes events.jsonl and
-summary.json. It never sees training data or state: workers talk to each other.
+control connection, missed heartbeats, collective errors reported by survivors), carries out
+the recovery protocol of DESIGN.md (decided by recovery.RecoveryMachine), keeps the spare
+pool, and writes events.jsonl and summary.json. It never sees training data or state: workers
+talk to each other.
 """
 
 from __future__ import annotations
@@ -31,24 +32,20 @@ from ..progress import LogTail, Progress, Snapshot
 from ..faults import KILLS, faults_from_config, spare_fault_due
 from .detector import StallMeter, StragglerWindow, silent_workers
 from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec, loss_kind
-from .planner import by_node, initial_ranks, plan_recovery, plan_sharded_recovery
-from .sharding import Layout, inventories
-from ..state.placement import LOST
+from .planner import by_node, initial_ranks
+from .recovery import Abort, Assign, Emit, Exclude, GiveUp, Lose, NewGeneration, Options as RecoveryOptions, RecoveryMachine, Reformed, ReleaseCommands
+from .sharding import Layout
 from .tally import Arrivals
 
 log = logging.getLogger("ckptless_hpc.coordinator")
-MAX_START_FAILURES = 3  # a worker that cannot start this many generations of one recovery is declared failed
-
 
 
 @dataclass
 class _GenState:
+    """What ending a job reads of one generation (a recovery's own tallies are in recovery.py)."""
+
     held: Dict[str, Held] = field(default_factory=dict)
-    ready: Dict[str, Ready] = field(default_factory=dict)
-    joining: Set[str] = field(default_factory=set)  # holds its state, forming the group
-    fetched: List[Fetched] = field(default_factory=list)
     done: Dict[str, Done] = field(default_factory=dict)
-    start_failed: Dict[str, str] = field(default_factory=dict)  # could not start the generation (e.g. no good copy fetched): why
 
 
 class Coordinator(Channel, Ending):
@@ -86,7 +83,7 @@ class Coordinator(Channel, Ending):
         self.tensorboard: Optional[TensorBoardSink] = None
         self.stopping = False
         self.reform_requested = False
-        self._start_failures: Dict[str, int] = {}  # worker -> generations it could not start, this recovery
+        self.recovery: Optional[RecoveryMachine] = None  # the recovery in progress (recovery.py decides, _recover carries out)
         self.saved: Optional[Dict[str, Any]] = None
         self.shard_saves: Dict[int, Dict[str, Any]] = {}  # sharded emergency copy: shard -> its file
         self.save_error: Optional[str] = None  # the emergency copy could not be written (why)
@@ -191,13 +188,11 @@ class Coordinator(Channel, Ending):
             self._on_metrics(rec, m)
         elif isinstance(m, Held):
             self._on_held(rec, m)
-        elif isinstance(m, Ready):
-            self._g(m.gen).ready[rec.wid] = m
-        elif isinstance(m, Joining):
-            self._g(m.gen).joining.add(rec.wid)
-        elif isinstance(m, Fetched):
-            self._g(m.gen).fetched.append(m)
-            self._emit("state_transferred", rec, source=m.source, bytes=m.bytes, seconds=m.seconds)
+        elif isinstance(m, (Ready, Joining, Fetched)):
+            if self.recovery is not None:
+                self.recovery.on_message(rec.wid, m)
+            if isinstance(m, Fetched):
+                self._emit("state_transferred", rec, source=m.source, bytes=m.bytes, seconds=m.seconds)
         elif isinstance(m, TransferFailed):
             self._emit("transfer_error", rec, source=m.source, error=m.error)
         elif isinstance(m, FaultFired):
@@ -214,8 +209,11 @@ class Coordinator(Channel, Ending):
     def _on_held(self, rec: WorkerRec, m: Held) -> None:
         if m.abort_gen is not None:
             self._g(m.abort_gen).held[rec.wid] = m
+            if self.recovery is not None:
+                self.recovery.on_message(rec.wid, m)
         elif str(m.reason).startswith("start failed") and m.gen == self.gen and not self.stopping:
-            self._g(m.gen).start_failed[rec.wid] = str(m.reason)
+            if self.recovery is not None:
+                self.recovery.on_start_failed(rec.wid, m.gen, str(m.reason))
             self._emit("start_failed", rec, step=m.step, reason=m.reason)
             self._notify()
         elif not self.stopping and rec.role == "active" and m.gen == self.gen:
@@ -551,97 +549,50 @@ class Coordinator(Channel, Ending):
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self) -> Optional[int]:
+        """Carry out one recovery: its decisions are ``recovery.RecoveryMachine``'s."""
+        c = self.cfg.cluster
+        m = self.recovery = RecoveryMachine(self.members, self.layout, RecoveryOptions.from_cluster(c), self.gen, self._doomed, self.fault_times)
         try:
-            return await self._recover_once()
+            timed_out = False
+            while True:
+                failures, self.pending = self.pending, {}
+                now = self.clock()
+                for a in m.advance(max(now, m.deadline or now) if timed_out else now, failures):
+                    if isinstance(a, GiveUp):
+                        return await self._save_and_requeue(a.reason, dict(a.survivors), dict(a.held_steps), state_lost=a.state_lost)
+                    if isinstance(a, Reformed):
+                        self._reformed(a.record, a.plan)
+                        return None
+                    self._carry_out(a)
+                if self.pending or m.satisfied():
+                    timed_out = False
+                    continue
+                left = None if m.deadline is None else max(0.0, m.deadline - self.clock())
+                timed_out = not await self._until(lambda: bool(self.pending) or m.satisfied(), left)
         finally:
+            self.recovery = None
             self.launcher.release_commands()  # whatever the outcome: the queued scheduler commands run
 
-    async def _recover_once(self) -> Optional[int]:
-        c = self.cfg.cluster
-        rec: Optional[Recovery] = None
-        while True:
-            failures, self.pending = self.pending, {}
-            self.reform_requested = False
-            now = self.clock()
-            failed_ranks = sorted(self.workers[w].rank for w in failures if self.workers[w].rank is not None)
-            for wid, (reason, _) in failures.items():
-                self._exclude(self.workers[wid].node, f"worker {wid} failed: {reason}")
-            t_detect = min([t for _, t in failures.values()], default=now)
-            if rec is None:
-                recent = [t for t in self.fault_times if t_detect - c.heartbeat_timeout_s - 2 * c.heartbeat_interval_s <= t <= t_detect]
-                rec = Recovery(self.gen + 1, failed_ranks, [], [], [], t_fail=min(recent, default=t_detect), t_detect=t_detect)
-            else:
-                rec.attempts += 1
-                rec.failed_ranks = sorted(set(rec.failed_ranks) | set(failed_ranks))
-            rec.failed_workers += sorted(failures)
-            rec.failed_nodes = sorted({self.workers[w].node for w in rec.failed_workers})
-            rec.reasons += [r for r, _ in failures.values()]
-            self.gen += 1
-            gen = self.gen
-            survivors = self.members.survivors()
-            self._emit("generation_bumped", failed_ranks=failed_ranks, survivors=len(survivors))
-            self._broadcast(survivors.values(), {"type": "abort", "gen": gen})
-            g = self._g(gen)
-            held = Arrivals(survivors.values(), g.held.__contains__)
-            ok = await self._until(lambda: bool(self.pending) or held(), c.recovery_timeout_s)
-            if self.pending:
-                continue
-            if not ok:
-                for w in survivors.values():
-                    if w not in g.held:
-                        self._lost(self.workers[w], f"did not hold within cluster.recovery_timeout_s={c.recovery_timeout_s}s")
-                continue
-            held_steps = {w: m.step for w, m in g.held.items()}
-            spares = [sp for sp in self.members.spares() if sp.worker not in self._doomed]
-            if self.layout.sharded:
-                plan, reason = plan_sharded_recovery(
-                    self.ranks, self.members.failed(), inventories(g.held), self.layout.shard_of, spares, self.active_nodes, self.bad_nodes
-                )
-            else:
-                plan, reason = plan_recovery(self.ranks, self.members.failed(), held_steps, spares, self.active_nodes, self.bad_nodes)
-            if plan is None:
-                lost = reason.startswith(LOST)
-                self._emit("state_lost" if lost else "no_spare", reason=reason)
-                self.launcher.release_commands()  # nothing to promote: drain the failed nodes while the state is saved
-                return await self._save_and_requeue(reason, survivors, held_steps, state_lost=lost)
-            rec.target_step = plan.target_step
-            self.members.adopt(plan)
-            for r, w in plan.promoted.items():
-                self._emit("spare_promoted", self.workers[w], rank=r, step=plan.target_step)
-            if self.layout.sharded:  # holders are named by address: a promoted spare must be serving first
-                await self._until(lambda: bool(self.pending) or all(self.workers[w].built for w in plan.promoted.values()), c.startup_timeout_s)
-                if self.pending:
-                    continue
-            self._assign(self.ranks, plan.target_step, plan.sources)
-            self.launcher.release_commands()  # promotion sent: now the scancel/scontrol of the failed nodes
-            # a promoted spare that is still starting needs its start-up time first
-            unbuilt = any(not self.workers[w].built for w in self.ranks.values())
-            limit = c.recovery_timeout_s + (c.startup_timeout_s if unbuilt else 0)
-            ready = Arrivals(self.ranks.values(), g.ready.__contains__)
-            ok = await self._until(lambda: bool(self.pending) or bool(g.start_failed) or ready(), limit)
-            if self.pending:
-                continue
-            if g.start_failed:  # plan again at once (other sources, the next copy); a worker failing thrice is lost
-                for w, why in g.start_failed.items():
-                    self._start_failures[w] = self._start_failures.get(w, 0) + 1
-                    if self._start_failures[w] >= MAX_START_FAILURES:
-                        self._lost(self.workers[w], f"could not start {MAX_START_FAILURES} generations in a row: {why}")
-                self.reform_requested = not self.pending
-                continue
-            if not ok:
-                # blame only who never got as far as forming the group; if all did, form again
-                for w in self.ranks.values():
-                    if w not in g.joining:
-                        self._lost(self.workers[w], f"did not join generation {gen} within {limit:.0f}s")
-                self.reform_requested = not self.pending
-                continue
-            break
-        self._start_failures.clear()
-        rec.gen = self.gen
-        rec.t_ready = self.clock()
-        rec.replacements = {str(r): self.ranks[r] for r in rec.failed_ranks if r in self.ranks}
-        rec.transfer_s = max([f.seconds for f in g.fetched], default=0.0)
-        rec.bytes_transferred = sum(f.bytes for f in g.fetched)
+    def _carry_out(self, a: Any) -> None:
+        if isinstance(a, NewGeneration):
+            self.gen = a.gen
+            self.reform_requested = False  # this generation is the re-forming asked for
+        elif isinstance(a, Exclude):
+            self._exclude(a.node, a.why)
+        elif isinstance(a, Emit):
+            self._emit(a.event, self.workers[a.worker] if a.worker else None, **a.fields)
+        elif isinstance(a, Abort):
+            self._broadcast(a.workers, {"type": "abort", "gen": a.gen})
+        elif isinstance(a, Lose):
+            self._lost(self.workers[a.worker], a.why)
+        elif isinstance(a, Assign):
+            self._assign(dict(a.ranks), a.step, a.sources)
+        elif isinstance(a, ReleaseCommands):
+            self.launcher.release_commands()  # promotion sent (or nothing to promote): now the scancel/scontrol of the failed nodes
+        else:
+            raise TypeError(f"unknown recovery action {a!r}")
+
+    def _reformed(self, rec: Recovery, plan: Any) -> None:
         survivors = self._survivor_continuity(rec)
         self.recoveries.append(rec)
         self.resuming = rec
@@ -651,8 +602,7 @@ class Coordinator(Channel, Ending):
         )
         # refill once the first step after the recovery is committed: a process start must not
         # compete with that step where nodes share cores (local), and the pool is not needed sooner
-        self.refills_due += len(rec.replacements) if c.refill_spares else 0
-        return None
+        self.refills_due += len(rec.replacements) if self.cfg.cluster.refill_spares else 0
 
     def _survivor_continuity(self, rec: Any) -> Dict[str, Any]:
         """Are the survivors of this recovery the processes launched for them? Measured by the

@@ -7,6 +7,8 @@ from typing import Any, List
 from hydra import compose, initialize_config_module
 
 from ckptless_hpc.config import register_configs
+from ckptless_hpc.coordinator.membership import Membership
+from ckptless_hpc.coordinator.planner import by_node, initial_ranks
 from ckptless_hpc.launch.base import Launcher
 
 register_configs()
@@ -15,6 +17,21 @@ register_configs()
 def cfg(*overrides: str) -> Any:
     with initialize_config_module(config_module="ckptless_hpc.conf", version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
+
+
+def membership(nodes: int, wpn: int, spare_nodes: int) -> Membership:
+    """Nodes n0.. training (ranks numbered node by node), spare nodes s0.., every worker built."""
+    m = Membership(wpn)
+    for i in range(nodes):
+        m.add_node(f"n{i}", "active")
+    for i in range(spare_nodes):
+        m.add_node(f"s{i}", "spare")
+    for w in m.workers.values():
+        w.built = True
+    m.ranks = initial_ranks(by_node((w.wid, w.node) for w in m.workers.values() if w.role == "active"))
+    m.assign(m.ranks)
+    m.active_nodes = {f"n{i}" for i in range(nodes)}
+    return m
 
 
 class NoLauncher(Launcher):

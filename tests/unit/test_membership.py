@@ -4,24 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ckptless_hpc.coordinator.membership import FATAL_AT_STARTUP, RECOVER, SPARE_LOST, Membership, loss_kind
-from ckptless_hpc.coordinator.planner import by_node, initial_ranks, plan_recovery
+from ckptless_hpc.coordinator.membership import FATAL_AT_STARTUP, RECOVER, SPARE_LOST, loss_kind
+from ckptless_hpc.coordinator.planner import plan_recovery
+from coordlib import membership as _job
 
 pytestmark = pytest.mark.timeout(30)
-
-
-def _job(nodes: int, wpn: int, spare_nodes: int) -> Membership:
-    m = Membership(wpn)
-    for i in range(nodes):
-        m.add_node(f"n{i}", "active")
-    for i in range(spare_nodes):
-        m.add_node(f"s{i}", "spare")
-    for w in m.workers.values():
-        w.built = True
-    m.ranks = initial_ranks(by_node((w.wid, w.node) for w in m.workers.values() if w.role == "active"))
-    m.assign(m.ranks)
-    m.active_nodes = {f"n{i}" for i in range(nodes)}
-    return m
 
 
 def test_what_a_loss_means():

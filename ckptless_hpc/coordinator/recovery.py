@@ -1,0 +1,285 @@
+"""One recovery as a pure state machine: abort -> held -> plan -> assign -> joining/ready -> re-formed.
+
+Driven by the typed messages of the recovering generation (inbox.py), the failures the shell
+detected, and the time it is given; it returns the actions the shell carries out (sends,
+events, losses, launcher calls). No sockets, processes or clocks here: ``Coordinator._recover``
+(server.py) is the shell.
+
+A recovery may take several generations: a failure during it, a survivor that does not hold in
+time, a replacement that cannot start (start failures re-plan at once, a worker failing
+``max_start_failures`` generations in a row is lost) each begin the next generation of the same
+recovery, with the failed ranks of all its generations in one ``metrics.Recovery`` record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+
+from ..metrics import Recovery
+from ..state.placement import LOST
+from .inbox import Fetched, Held, Joining, Message, Ready
+from .membership import Membership
+from .planner import Plan, plan_recovery, plan_sharded_recovery
+from .sharding import Layout, inventories
+from .tally import Arrivals
+
+MAX_START_FAILURES = 3  # a worker that cannot start this many generations of one recovery is declared failed
+
+HOLD, BUILD, FORM, REFORMED, GAVE_UP = "hold", "build", "form", "reformed", "gave_up"
+
+
+@dataclass(frozen=True)
+class Options:
+    recovery_timeout_s: float  # bound on holding, and on forming a generation
+    startup_timeout_s: float  # added when a replacement is still starting
+    heartbeat_timeout_s: float
+    heartbeat_interval_s: float
+    max_start_failures: int = MAX_START_FAILURES
+
+    @classmethod
+    def from_cluster(cls, c: Any) -> "Options":
+        return cls(float(c.recovery_timeout_s), float(c.startup_timeout_s), float(c.heartbeat_timeout_s), float(c.heartbeat_interval_s))
+
+
+# ---------------------------------------------------------------- what the shell is told to do
+@dataclass(frozen=True)
+class NewGeneration:
+    gen: int
+
+
+@dataclass(frozen=True)
+class Exclude:
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Emit:
+    event: str
+    worker: Optional[str] = None
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Abort:
+    workers: Tuple[str, ...]
+    gen: int
+
+
+@dataclass(frozen=True)
+class Lose:
+    worker: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Assign:
+    ranks: Mapping[int, str]
+    step: int
+    sources: Mapping[str, List[str]]
+
+
+@dataclass(frozen=True)
+class ReleaseCommands:
+    """The queued scheduler commands (scancel/scontrol of the failed nodes) may run now."""
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """No plan: no spare left, or a shard lost. The shell saves once and requeues or stops."""
+
+    reason: str
+    survivors: Mapping[int, str]
+    held_steps: Mapping[str, Optional[int]]
+    state_lost: bool
+
+
+@dataclass(frozen=True)
+class Reformed:
+    record: Recovery
+    plan: Plan
+
+
+Action = Union[NewGeneration, Exclude, Emit, Abort, Lose, Assign, ReleaseCommands, GiveUp, Reformed]
+
+
+@dataclass
+class _Tally:
+    """What the workers said in one generation of the recovery."""
+
+    held: Dict[str, Held] = field(default_factory=dict)
+    ready: Set[str] = field(default_factory=set)
+    joining: Set[str] = field(default_factory=set)  # holds its state, forming the group
+    start_failed: Dict[str, str] = field(default_factory=dict)  # could not start it (e.g. no good copy fetched): why
+    fetched: List[Fetched] = field(default_factory=list)
+
+
+class RecoveryMachine:
+    """One recovery, from the first failure to the re-formed generation (or giving up).
+
+    ``members`` and ``layout`` are the coordinator's pure membership and layout objects: the
+    machine adopts its plan into them. ``doomed``: spares told to fire a fault, never promoted;
+    ``fault_times``: when faults that fail a rank fired (the record's ``t_fail``). Both are read
+    when needed, so the shell may add to them meanwhile.
+    """
+
+    def __init__(self, members: Membership, layout: Layout, opts: Options, gen: int, doomed: Set[str] = frozenset(), fault_times: Sequence[float] = ()) -> None:  # type: ignore[assignment]
+        self.members, self.layout, self.opts = members, layout, opts
+        self.gen = gen
+        self.doomed, self.fault_times = doomed, fault_times
+        self.phase = HOLD
+        self.record: Optional[Recovery] = None
+        self.plan: Optional[Plan] = None
+        self.deadline: Optional[float] = None
+        self._failures: Dict[str, Tuple[str, float]] = {}
+        self._again = True  # a new generation is due (the first one, or after a timeout / start failure)
+        self._tally = _Tally()
+        self._survivors: Dict[int, str] = {}
+        self._waiting: Any = lambda: False
+        self._start_failures: Dict[str, int] = {}  # worker -> generations of this recovery it could not start
+        self._limit = 0.0  # the forming phase's bound (for the reason a late worker is given)
+
+    # ---------------------------------------------------------------- inputs
+    @property
+    def done(self) -> bool:
+        return self.phase in (REFORMED, GAVE_UP)
+
+    def on_message(self, worker: str, msg: Message) -> None:
+        """A typed message from a worker; only what answers this generation counts."""
+        t = self._tally
+        if isinstance(msg, Held) and msg.abort_gen == self.gen:
+            t.held[worker] = msg
+        elif isinstance(msg, Ready) and msg.gen == self.gen:
+            t.ready.add(worker)
+        elif isinstance(msg, Joining) and msg.gen == self.gen:
+            t.joining.add(worker)
+        elif isinstance(msg, Fetched) and msg.gen == self.gen:
+            t.fetched.append(msg)
+
+    def on_start_failed(self, worker: str, gen: Optional[int], why: str) -> None:
+        if gen == self.gen:
+            self._tally.start_failed[worker] = why
+
+    def satisfied(self) -> bool:
+        """What the current phase waits for has arrived (cheap: the shell asks after every wake-up)."""
+        return self._again or self._waiting()
+
+    def advance(self, now: float, failures: Optional[Mapping[str, Tuple[str, float]]] = None) -> List[Action]:
+        """What to do now, given the failures detected since the last call ((reason, detect time)
+        by worker). [] when waiting: call again on the next message, failure, or at ``deadline``."""
+        if self.done:
+            return []
+        if failures:
+            self._failures.update(failures)
+        if self._failures or self._again:
+            return self._bump(now)
+        if not self._waiting() and (self.deadline is None or now < self.deadline):
+            return []
+        if self.phase == HOLD:
+            return self._after_hold(now)
+        if self.phase == BUILD:  # built, or out of time: assign anyway (a spare that never serves fails its fetchers' start)
+            return self._assign(now)
+        return self._after_form(now)
+
+    # ---------------------------------------------------------------- phases
+    def _bump(self, now: float) -> List[Action]:
+        failures, self._failures, self._again = self._failures, {}, False
+        workers = self.members.workers
+        failed_ranks = sorted(workers[w].rank for w in failures if workers[w].rank is not None)  # type: ignore[type-var]
+        out: List[Action] = [Exclude(workers[w].node, f"worker {w} failed: {reason}") for w, (reason, _) in failures.items()]
+        t_detect = min([t for _, t in failures.values()], default=now)
+        rec = self.record
+        if rec is None:
+            o = self.opts
+            recent = [t for t in self.fault_times if t_detect - o.heartbeat_timeout_s - 2 * o.heartbeat_interval_s <= t <= t_detect]
+            rec = self.record = Recovery(self.gen + 1, failed_ranks, [], [], [], t_fail=min(recent, default=t_detect), t_detect=t_detect)
+        else:
+            rec.attempts += 1
+            rec.failed_ranks = sorted(set(rec.failed_ranks) | set(failed_ranks))
+        rec.failed_workers += sorted(failures)
+        rec.failed_nodes = sorted({workers[w].node for w in rec.failed_workers})
+        rec.reasons += [r for r, _ in failures.values()]
+        self.gen += 1
+        self._tally = _Tally()
+        self._survivors = self.members.survivors()
+        held = self._tally.held
+        self._enter(HOLD, Arrivals(self._survivors.values(), held.__contains__), now + self.opts.recovery_timeout_s)
+        return out + [
+            NewGeneration(self.gen),
+            Emit("generation_bumped", None, {"failed_ranks": failed_ranks, "survivors": len(self._survivors)}),
+            Abort(tuple(self._survivors.values()), self.gen),
+        ]
+
+    def _enter(self, phase: str, waiting: Any, deadline: Optional[float]) -> None:
+        self.phase, self._waiting, self.deadline = phase, waiting, deadline
+
+    def _again_after(self, out: List[Action]) -> List[Action]:
+        """This generation cannot finish: the next one is due (with the losses in ``out``)."""
+        self._again = True
+        return out
+
+    def _after_hold(self, now: float) -> List[Action]:
+        held = self._tally.held
+        if not self._waiting():  # timed out
+            late = [w for w in self._survivors.values() if w not in held]
+            why = f"did not hold within cluster.recovery_timeout_s={self.opts.recovery_timeout_s:g}s"
+            return self._again_after([Lose(w, why) for w in late])
+        held_steps = {w: m.step for w, m in held.items()}
+        plan, reason = self._plan(held_steps)
+        if plan is None:
+            self.phase = GAVE_UP
+            lost = reason.startswith(LOST)
+            return [Emit("state_lost" if lost else "no_spare", None, {"reason": reason}), ReleaseCommands(), GiveUp(reason, self._survivors, held_steps, lost)]
+        assert self.record is not None
+        self.record.target_step = plan.target_step
+        self.plan = plan
+        self.members.adopt(plan)
+        out: List[Action] = [Emit("spare_promoted", w, {"rank": r, "step": plan.target_step}) for r, w in plan.promoted.items()]
+        if self.layout.sharded:  # holders are named by address: a promoted spare must be serving first
+            workers = self.members.workers
+            self._enter(BUILD, lambda: all(workers[w].built for w in plan.promoted.values()), now + self.opts.startup_timeout_s)
+            return out + self.advance(now)
+        return out + self._assign(now)
+
+    def _plan(self, held_steps: Mapping[str, Optional[int]]) -> Tuple[Optional[Plan], str]:
+        m = self.members
+        spares = [sp for sp in m.spares() if sp.worker not in self.doomed]
+        if self.layout.sharded:
+            return plan_sharded_recovery(m.ranks, m.failed(), inventories(self._tally.held), self.layout.shard_of, spares, m.active_nodes, m.bad_nodes)
+        return plan_recovery(m.ranks, m.failed(), held_steps, spares, m.active_nodes, m.bad_nodes)
+
+    def _assign(self, now: float) -> List[Action]:
+        plan = self.plan
+        assert plan is not None
+        ranks = self.members.ranks
+        workers = self.members.workers
+        unbuilt = any(not workers[w].built for w in ranks.values())  # a promoted spare still starting needs its start-up time
+        limit = self.opts.recovery_timeout_s + (self.opts.startup_timeout_s if unbuilt else 0)
+        t = self._tally
+        ready = Arrivals(ranks.values(), t.ready.__contains__)
+        self._enter(FORM, lambda: bool(t.start_failed) or ready(), now + limit)
+        self._limit = limit
+        return [Assign(ranks, plan.target_step, plan.sources), ReleaseCommands()]
+
+    def _after_form(self, now: float) -> List[Action]:
+        t = self._tally
+        if t.start_failed:  # plan again at once (other sources, the next copy)
+            out: List[Action] = []
+            for w, why in t.start_failed.items():
+                n = self._start_failures[w] = self._start_failures.get(w, 0) + 1
+                if n >= self.opts.max_start_failures:
+                    out.append(Lose(w, f"could not start {self.opts.max_start_failures} generations in a row: {why}"))
+            return self._again_after(out)
+        if not self._waiting():  # timed out: blame only who never got as far as forming the group; if all did, form again
+            why = f"did not join generation {self.gen} within {self._limit:.0f}s"
+            return self._again_after([Lose(w, why) for w in self.members.ranks.values() if w not in t.joining])
+        rec, plan = self.record, self.plan
+        assert rec is not None and plan is not None
+        self.phase = REFORMED
+        rec.gen = self.gen
+        rec.t_ready = now
+        rec.replacements = {str(r): self.members.ranks[r] for r in rec.failed_ranks if r in self.members.ranks}
+        rec.transfer_s = max([f.seconds for f in t.fetched], default=0.0)
+        rec.bytes_transferred = sum(f.bytes for f in t.fetched)
+        return [Reformed(rec, plan)]
