@@ -18,6 +18,7 @@ import os
 import shutil
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -619,13 +620,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         "b8": b.b8,
         "b1_slurm": b.b1_slurm,
     }
+    failed = []
     for name in SECTIONS:
-        res[name] = steps[name]()
+        try:
+            res[name] = steps[name]()
+        except Exception as e:  # one broken section must not throw away the others' minutes of measurements
+            log(f"{name} FAILED: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            res[name] = {"status": f"error: {type(e).__name__}: {e}"[:1000]}
+            failed.append(name)
     res["elapsed_s"] = time.monotonic() - t_start
     res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    res.update(headline(res))
+    try:
+        res.update(headline(res))
+    except (KeyError, TypeError) as e:  # a failed section's keys are missing: the sections are still written
+        log(f"headline keys not computed ({type(e).__name__}: {e}): sections {', '.join(failed)} failed")
     _write(res, results)
-    return 0
+    if failed:
+        log(f"python -m bench: sections {', '.join(failed)} failed (their 'status' in {results}/latest.json says why); the others were written")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ killed worker of the same model (``fault=kill_worker``, its downtime from the se
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -27,32 +26,21 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
+from ckptless_hpc.slurm import minicluster
+
 from .common import REPO, BenchError, JobRun, median, read_jsonl, task_overrides
 
-FIXTURE = REPO / "tests" / "slurm_cluster" / "fixture.py"
 NODES = 4  # the mini-cluster's size: 2 worker nodes, 1 spare, 1 free
 POLL_S = 0.02
 TARGET_S = 0.5  # the issue's target: within 0.5 s of the local killed worker's downtime
 
 
-def _cluster() -> Any:
-    """tests/slurm_cluster/fixture.py, loaded by path (it is not a package)."""
-    spec = importlib.util.spec_from_file_location("ckptless_bench_slurm_cluster", FIXTURE)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def ensure_cluster() -> tuple:
     """(env for Slurm commands, None) or (None, why the cluster cannot run here)."""
-    if os.geteuid() != 0:
-        return None, "skipped: the Slurm mini-cluster needs root (tests/slurm_cluster/up.sh)"
-    fx = _cluster()
-    rc, out = fx._run_script([str(fx.UP_SH), str(NODES)], fx.UP_TIMEOUT_S)
-    if rc != 0:
-        return None, f"skipped: `bash {fx.UP_SH} {NODES}` failed (rc={rc}): {out[-500:]}"
-    return dict(os.environ, **fx.read_env_sh(fx.cluster_dir() / "env.sh")), None
+    try:
+        return dict(os.environ, **minicluster.ensure_cluster(NODES)), None
+    except minicluster.ClusterError as e:
+        return None, f"skipped: {e}"[:800]
 
 
 def _wait(what: str, probe: Callable[[], Any], within_s: float, run_dir: Path) -> Any:
@@ -106,7 +94,7 @@ class SlurmRuns:
 
         self.commands = commands
         self.env = env
-        self.cluster = _cluster()
+        self.cluster = minicluster
         self.overrides = task_overrides(size) + ["cluster.refill_spares=false", f"train.steps={steps}", "train.log_every=1000000"]
         self.fault_step = fault_step
 
