@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from ckptless_hpc.slurm import minicluster
+from ckptless_hpc.slurm import minicluster, watch
 
 from .common import REPO, BenchError, JobRun, median, read_jsonl, task_overrides
 
@@ -44,13 +44,10 @@ def ensure_cluster() -> tuple:
 
 
 def _wait(what: str, probe: Callable[[], Any], within_s: float, run_dir: Path) -> Any:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(POLL_S)
-    raise BenchError(f"waited {within_s:.0f}s for {what} in {run_dir}; see {run_dir}/coordinator.log")
+    try:
+        return watch.wait_for(what, probe, within_s, poll_s=POLL_S)
+    except watch.WaitTimeout as e:
+        raise BenchError(f"{e} in {run_dir}; see {run_dir}/coordinator.log") from None
 
 
 def _first(run_dir: Path, pred: Callable[[Dict[str, Any]], bool]) -> Optional[Dict[str, Any]]:

@@ -147,7 +147,7 @@ def inject(fault: Fault, job_id: str, node: str, evs: Sequence[Dict[str, Any]]) 
     if kind == "cancel_step":
         step = _slurm_step(evs, node)
         if step is None:
-            raise RuntimeError(f"no Slurm step known for node {node}")
+            raise RuntimeError(f"job {job_id}: cancel_step on node {node}, but no worker_connected event of the current attempt names a Slurm step on it (its worker has not connected yet, or the node holds none of the job's steps); the injection is reported as not fired")
         commands.cancel_step(job_id, step)
         return f"scancel {job_id}.{step} ({node})"
     commands.run(["scancel", "--signal=USR2", "--batch", job_id])
