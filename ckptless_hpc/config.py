@@ -60,6 +60,7 @@ class ClusterConfig:
     refill_spares: bool = True  # launch a new spare node in the background after a promotion
     max_refills: int = 4  # at most this many spare nodes launched after start (local backend)
     bind_host: str = "127.0.0.1"  # address services bind to and advertise (never 0.0.0.0 by default)
+    control: str = "rank"  # control connections: rank (one per worker) | node (one per node, through the node's relay: relay.py)
     device: str = "auto"  # auto (CUDA where torch sees a GPU, else CPU) | cpu | cuda
     comm: str = "auto"  # collectives: auto (nccl on CUDA, gloo on CPU) | gloo | nccl
     gpus_per_node: int = 0  # GPUs per node (Slurm: --gpus-per-node); 0 = every visible GPU. One NCCL rank per GPU
@@ -202,6 +203,10 @@ def validation_errors(cfg: Any) -> List[str]:
             errors.append(_err(name, value, problem, hint))
 
     need(c.backend in ("local", "slurm"), "cluster.backend", c.backend, "unknown backend", "use cluster=local or cluster=slurm")
+    need(c.control in ("rank", "node"), "cluster.control", c.control, "must be rank or node",
+         "cluster.control=rank (a control connection per worker) or cluster.control=node (one per node, through its relay)")
+    need(not (c.backend == "slurm" and c.control == "node"), "cluster.control", c.control, "node relays are not yet started by the Slurm backend",
+         "use cluster.control=rank on Slurm (the default); cluster.control=node runs on cluster=local")
     need(c.nodes >= 1, "cluster.nodes", c.nodes, "must be >= 1", "set cluster.nodes=2")
     need(c.workers_per_node >= 1, "cluster.workers_per_node", c.workers_per_node, "must be >= 1", "set cluster.workers_per_node=1")
     need(c.spare_nodes >= 0, "cluster.spare_nodes", c.spare_nodes, "must be >= 0", "set cluster.spare_nodes=1 (0 = no hot spares)")

@@ -20,7 +20,7 @@ import secrets
 import socket
 import struct
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 MAX_FRAME = 1 << 20
 AUTH_FRAME = 1024  # an unauthenticated peer may send this much, no more
@@ -68,10 +68,20 @@ def _mac_ok(answer: Any, secret: str, nonce: str, role: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "replace"), mac(secret, nonce, role).encode())
 
 
-def encode(msg: Dict[str, Any]) -> bytes:
+def encode_body(msg: Dict[str, Any]) -> bytes:
+    """A message's JSON, no length header: ``encode`` frames it; a relay link nests it in a batch."""
     body = json.dumps(msg, separators=(",", ":")).encode()
     if len(body) > MAX_FRAME:
         raise ProtocolError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte frame limit")
+    return body
+
+
+def encode(msg: Dict[str, Any]) -> bytes:
+    return frame(encode_body(msg))
+
+
+def frame(body: bytes) -> bytes:
+    """Length header + ``body`` (already checked against ``MAX_FRAME``)."""
     return _HDR.pack(len(body)) + body
 
 
@@ -117,12 +127,18 @@ def send_msg(sock: socket.socket, msg: Dict[str, Any]) -> None:
 
 def client_handshake(sock: socket.socket, secret: str) -> None:
     """Prove we know the secret, and make the server prove it too (mutual: no rogue listener)."""
-    challenge = recv_msg(sock)
+    mine = secrets.token_hex(16)
+    send_msg(sock, _answer_challenge(recv_msg(sock), secret, mine))
+    _check_welcome(recv_msg(sock), secret, mine)
+
+
+def _answer_challenge(challenge: Dict[str, Any], secret: str, mine: str) -> Dict[str, Any]:
     if challenge.get("type") != "challenge" or not isinstance(challenge.get("nonce"), str):
         raise ProtocolError(f"expected a challenge, got {challenge.get('type')!r}")
-    mine = secrets.token_hex(16)
-    send_msg(sock, {"type": "auth", "mac": mac(secret, challenge["nonce"]), "nonce": mine})
-    reply = recv_msg(sock)
+    return {"type": "auth", "mac": mac(secret, challenge["nonce"]), "nonce": mine}
+
+
+def _check_welcome(reply: Dict[str, Any], secret: str, mine: str) -> None:
     if reply.get("type") != "welcome" or not _mac_ok(reply.get("mac"), secret, mine, "server"):
         raise ProtocolError("the server did not prove it knows the job secret")
 
@@ -208,6 +224,68 @@ async def aserver_handshake(reader: asyncio.StreamReader, writer: asyncio.Stream
     answer = await asyncio.wait_for(arecv_msg(reader, max_len=AUTH_FRAME), timeout_s)
     writer.write(encode(_check_answer(answer, secret, nonce)))
     await writer.drain()
+
+
+async def aclient_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str, timeout_s: float) -> None:
+    """``client_handshake`` on a stream: each of the server's two frames within ``timeout_s``."""
+    mine = secrets.token_hex(16)
+    writer.write(encode(_answer_challenge(await asyncio.wait_for(arecv_msg(reader), timeout_s), secret, mine)))
+    _check_welcome(await asyncio.wait_for(arecv_msg(reader), timeout_s), secret, mine)
+
+
+async def aconnect_paced(host: str, port: int, secret: str, timeout_s: float = 120.0, first_wait_s: float = 10.0,
+                         rng: Optional[random.Random] = None) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """``connect_paced`` for an asyncio client (a node's relay, B7's simulated ranks)."""
+    rng = rng or random.Random()
+    deadline = time.monotonic() + timeout_s
+    errors = []
+    for attempt in range(1 << 30):
+        wait = max(0.05, min(deadline - time.monotonic(), attempt_wait_s(attempt, first_wait_s)))
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), wait)
+        except (asyncio.TimeoutError, OSError) as e:
+            errors.append(type(e).__name__)
+        else:
+            try:
+                await aclient_handshake(reader, writer, secret, wait)
+                return reader, writer
+            except (asyncio.TimeoutError, ConnectionError, asyncio.IncompleteReadError) as e:
+                errors.append(type(e).__name__)
+                writer.close()
+            except BaseException:
+                writer.close()
+                raise
+        pause = backoff_s(attempt, rng)
+        if time.monotonic() + pause >= deadline:
+            break
+        await asyncio.sleep(pause)
+    raise ConnectionError(
+        f"could not reach {host}:{port} within {timeout_s:.0f}s ({len(errors)} attempts: {', '.join(sorted(set(errors)))}). "
+        "HINT: check that the coordinator is running and that this node can reach cluster.bind_host"
+    )
+
+
+def connect_unix(path: str, secret: str, timeout_s: float = 60.0) -> socket.socket:
+    """Connect and authenticate to a node-local server at ``path`` (the node's relay), retrying
+    while it is not listening yet (it starts next to the workers), until ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(max(0.05, min(10.0, deadline - time.monotonic())))
+            sock.connect(path)
+            client_handshake(sock, secret)
+            sock.settimeout(None)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError) as e:
+            sock.close()
+            if time.monotonic() >= deadline:
+                raise ConnectionError(f"no relay listening at {path} within {timeout_s:.0f}s ({type(e).__name__}). "
+                                      "HINT: the node's relay (python -m ckptless_hpc.relay) did not start: see its log") from None
+            time.sleep(0.05)
+        except BaseException:
+            sock.close()
+            raise
 
 
 class FrameProtocol(asyncio.Protocol):

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 from .. import protocol
+from ..relay import DOWN, Batcher, entry
 from . import host, messages
 from .membership import WorkerRec
 
@@ -22,36 +23,118 @@ class Channel:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        rec: Optional[WorkerRec] = None
         try:
             await protocol.aserver_handshake(reader, writer, self.secret, timeout_s=5.0)
             hello = await asyncio.wait_for(protocol.arecv_msg(reader), 30.0)
-            wid = f"{hello.get('node')}.{hello.get('local')}"
-            if hello.get("type") != "hello" or wid not in self.workers or self.workers[wid].writer is not None:
-                raise protocol.ProtocolError(f"unexpected hello {hello!r}")
-            rec = self.workers[wid]
-            rec.writer, rec.pid, rec.host = writer, int(hello["pid"]), str(hello["host"])
-            rec.last_seen, rec.seen_stall = self.clock(), self.stalls.stalled_s
-            self.launcher.register(wid, hello)
-            self._emit("worker_connected", rec, pid=rec.pid, slurm_step=hello.get("slurm_step"))
+            if hello.get("type") == "relay":
+                return await self._serve_relay(hello, reader, writer)
+            rec = self._accept_hello(hello, writer)
             await self._store_ready.wait()
         except (protocol.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, KeyError, ValueError, TypeError) as e:
-            why = str(e) or type(e).__name__
-            log.warning("rejected a connection from %s: %s", peer, why)
-            self._emit("connection_rejected", peer=str(peer), error=why)
+            self._reject(peer, e)
             writer.close()
             return
         # it says nothing more until it has its config: from here on, frames are read as they arrive
         closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
         frames = rec.reader = protocol.FrameProtocol(lambda m: self._on_frame(rec, m), lambda why: closed.done() or closed.set_result(why))
         frames.take_over(reader, writer)
+        self._welcome(rec)
+        why = await closed
+        self._lost(rec, f"control connection closed ({why})")
+        writer.close()
+
+    def _reject(self, peer: Any, e: BaseException) -> None:
+        why = str(e) or type(e).__name__
+        log.warning("rejected a connection from %s: %s", peer, why)
+        self._emit("connection_rejected", peer=str(peer), error=why)
+
+    def _accept_hello(self, hello: Dict[str, Any], writer: Any) -> WorkerRec:
+        """A worker says who it is: its record gets the connection (raises ProtocolError if it is
+        nobody this job started, or is already connected)."""
+        wid = f"{hello.get('node')}.{hello.get('local')}"
+        if hello.get("type") != "hello" or wid not in self.workers or self.workers[wid].writer is not None:
+            raise protocol.ProtocolError(f"unexpected hello {hello!r}")
+        rec = self.workers[wid]
+        rec.writer, rec.pid, rec.host = writer, int(hello["pid"]), str(hello["host"])
+        rec.last_seen, rec.seen_stall = self.clock(), self.stalls.stalled_s
+        self.launcher.register(wid, hello)
+        self._emit("worker_connected", rec, pid=rec.pid, slurm_step=hello.get("slurm_step"), relayed=isinstance(writer, RelayedWriter) or None)
+        return rec
+
+    def _welcome(self, rec: WorkerRec) -> None:
+        """Its config, then what was said to it before it connected."""
         self._send(rec, {"type": "config", "job": self.job_id, "config": self._config_dict(), "store": self.store_addr, "run_dir": self.run_dir, "spare": rec.role == "spare"})
         for queued in rec.outbox:
             self._send(rec, queued)
         rec.outbox.clear()
+
+    # ------------------------------------------------------------------ a node's relay (relay.py)
+    async def _serve_relay(self, first: Dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        node = str(first.get("node"))
+        if not any(w.node == node for w in self.workers.values()):
+            raise protocol.ProtocolError(f"a relay for node {node!r}, which this job did not start")
+        link = RelayLink(node, writer)
+        self._emit("relay_connected", node=node, pid=first.get("pid"), host=first.get("host"))
+        closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
+        link.reader = protocol.FrameProtocol(lambda m: self._on_relay_frame(link, m), lambda why: closed.done() or closed.set_result(why))
+        link.reader.take_over(reader, writer)
         why = await closed
-        self._lost(rec, f"control connection closed ({why})")
+        for rec in [w for w in self.workers.values() if isinstance(w.writer, RelayedWriter) and w.writer.link is link]:
+            self._lost(rec, f"the relay connection of node {node} closed ({why})")
         writer.close()
+
+    def _on_relay_frame(self, link: "RelayLink", msg: Dict[str, Any]) -> None:
+        kind = msg["type"]
+        try:
+            if kind == "hbs":
+                return self._on_summary(link, msg)
+            if kind != "up":
+                raise ValueError(f"unexpected {kind!r} frame")
+            for wid, m in msg["m"]:
+                self._on_relayed(link, str(wid), m)
+        except (protocol.ProtocolError, KeyError, ValueError, TypeError) as e:
+            log.error("gen=%s node=%s: malformed frame from the node's relay (%s: %s); closing it", self.gen, link.node, type(e).__name__, e)
+            self._emit("connection_rejected", node=link.node, error=f"{type(e).__name__}: {e}", port="relay")
+            link.writer.close()
+
+    def _on_relayed(self, link: "RelayLink", wid: str, m: Dict[str, Any]) -> None:
+        if m["type"] == "hello":
+            if m.get("node") != link.node:
+                raise protocol.ProtocolError(f"node {link.node}'s relay spoke for {wid}")
+            rec = self._accept_hello(m, RelayedWriter(link, wid))
+            rec.reader = link.reader
+            if self._store_ready.is_set():
+                self._welcome(rec)
+            else:
+                asyncio.ensure_future(self._welcome_when_ready(rec))
+            return
+        rec = self.workers.get(wid)
+        if rec is None or not isinstance(rec.writer, RelayedWriter) or rec.writer.link is not link:
+            return  # dropped already (its last words), or nobody this relay connected
+        if m["type"] == "gone":
+            self._lost(rec, str(m.get("why")))
+        else:
+            self._on_frame(rec, m)
+
+    async def _welcome_when_ready(self, rec: WorkerRec) -> None:
+        await self._store_ready.wait()
+        if rec.role != "dead":
+            self._welcome(rec)
+
+    def _on_summary(self, link: "RelayLink", msg: Dict[str, Any]) -> None:
+        """A node's heartbeats, one frame: each worker's age at the relay, its newest step."""
+        now = self.clock()
+        self.hb_delay.add(now - msg.get("t", now))
+        stalled = self.stalls.stalled_s
+        for wid, (age, step, compute_s) in msg["w"].items():
+            rec = self.workers.get(wid)
+            if rec is None or not isinstance(rec.writer, RelayedWriter) or rec.writer.link is not link:
+                continue
+            seen = now - float(age)
+            if rec.last_seen is None or seen > rec.last_seen:
+                rec.last_seen, rec.seen_stall = seen, stalled
+            if step is not None or compute_s is not None:
+                self.straggling.add(wid, step, compute_s)
 
     def _on_frame(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
         now = self.clock()
@@ -80,14 +163,31 @@ class Channel:
         self._write(rec, frame)
 
     def _broadcast(self, wids: Iterable[str], msg: Dict[str, Any]) -> None:
-        """The same message to many workers: encoded once."""
+        """The same message to many workers: encoded once; one entry per node's relay."""
         frame = protocol.encode(msg)
+        relayed: Dict[RelayLink, List[str]] = {}
         for wid in wids:
             rec = self.workers[wid]
             if rec.writer is None:
                 rec.outbox.append(msg)
+            elif isinstance(rec.writer, RelayedWriter):
+                if not rec.writer.is_closing():
+                    relayed.setdefault(rec.writer.link, []).append(wid)
             else:
                 self._write(rec, frame)
+        for link, group in relayed.items():
+            link.put(group, frame[4:])
+
+    def _drop(self, rec: WorkerRec, why: str) -> None:
+        """Declared failed: it is told so (it then exits without any last resort), then its
+        connection is closed."""
+        if rec.writer is None or rec.writer.is_closing():
+            return
+        if isinstance(rec.writer, RelayedWriter):
+            rec.writer.drop(why)
+            return
+        self._write(rec, protocol.encode({"type": "dropped", "why": why[:500]}))
+        rec.writer.close()
 
     def _write(self, rec: WorkerRec, frame: bytes) -> None:
         if rec.writer.is_closing():
@@ -103,6 +203,51 @@ class Channel:
         if rec.reader is not None and rec.reader.pending() > 0:
             return True
         return host.kernel_unread(rec.writer) > 0
+
+
+class RelayLink:
+    """One node's relay connection (relay.py): what is written to its workers during one loop
+    iteration leaves as one frame."""
+
+    def __init__(self, node: str, writer: asyncio.StreamWriter) -> None:
+        self.node, self.writer = node, writer
+        self.reader: Any = None
+        self._down = Batcher(DOWN, self._write)
+
+    def put(self, target: Any, body: bytes) -> None:
+        self._down.put(entry(target, body))
+
+    def _write(self, frame: bytes) -> None:
+        if not self.writer.is_closing():
+            try:
+                self.writer.write(frame)
+            except (ConnectionError, RuntimeError) as e:
+                log.warning("send to node %s's relay failed: %s", self.node, e)
+
+
+class RelayedWriter:
+    """A relayed worker's connection, where a direct worker has its StreamWriter."""
+
+    def __init__(self, link: RelayLink, wid: str) -> None:
+        self.link, self.wid = link, wid
+        self._closed = False
+
+    def write(self, frame: bytes) -> None:
+        self.link.put(self.wid, frame[4:])  # the message without its length header
+
+    def is_closing(self) -> bool:
+        return self._closed or self.link.writer.is_closing()
+
+    def drop(self, why: str) -> None:
+        if not self._closed:
+            self.link.put(self.wid, protocol.encode_body({"type": "dropped", "why": why[:500]}))
+            self._closed = True
+
+    def close(self) -> None:
+        self.drop("closed by the coordinator")
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.link.writer.get_extra_info(name, default)
 
 
 class Endpoints:

@@ -312,7 +312,7 @@ class Coordinator(Channel, Ending):
             self._echo_once()  # its last lines (a traceback, say) before the rank moves on
         was = self.members.lose(rec.wid)
         if rec.writer is not None:
-            rec.writer.close()
+            self._drop(rec, reason)
         kind = loss_kind(was, self._t_train is not None)
         if kind == RECOVER:  # nothing the recovery does needs the scheduler: its commands wait for the promotion
             self.launcher.hold_commands()

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..coordinator.continuity import Identity, proc_identity
 from ..protocol import SECRET_ENV
+from ..relay import socket_path as relay_socket
 from .base import Launcher
 
 ExitCallback = Callable[[str, int], None]
@@ -23,9 +24,12 @@ class LocalLauncher(Launcher):
     """Local processes: nothing waits for a scheduler (a kill is a signal, sent at once), and
     local nodes are never reused anyway (replacements get new names)."""
 
-    def __init__(self, nodes: int, spare_nodes: int, max_refills: int, bind_host: str, threads: int, log_dir: str, secret: str) -> None:
+    def __init__(self, nodes: int, spare_nodes: int, max_refills: int, bind_host: str, threads: int, log_dir: str, secret: str,
+                 relay: Optional[Tuple[str, float]] = None) -> None:
         self.nodes, self.spare_nodes, self.max_refills = nodes, spare_nodes, max_refills
         self.bind_host, self.threads, self.log_dir, self.secret = bind_host, threads, log_dir, secret
+        self.relay = relay  # cluster.control=node: (run dir, heartbeat interval): a relay process per node
+        self._relays: Dict[str, Any] = {}  # node -> its relay process
         self._procs: Dict[str, Any] = {}
         self._launched: Dict[str, Optional[Identity]] = {}  # worker -> (pid, start ticks) at launch
         self._waiters: List["asyncio.Task[None]"] = []
@@ -37,7 +41,8 @@ class LocalLauncher(Launcher):
     @classmethod
     def from_config(cls, cfg: Any, run_dir: str, secret: str) -> "LocalLauncher":
         c = cfg.cluster
-        return cls(c.nodes, c.spare_nodes, c.max_refills, c.bind_host, cfg.train.threads, os.path.join(run_dir, "logs"), secret)
+        relay = (run_dir, float(c.heartbeat_interval_s)) if c.control == "node" else None
+        return cls(c.nodes, c.spare_nodes, c.max_refills, c.bind_host, cfg.train.threads, os.path.join(run_dir, "logs"), secret, relay)
 
     def requeue(self, reason: str) -> Optional[str]:
         """None when requeued, else why not."""
@@ -73,10 +78,19 @@ class LocalLauncher(Launcher):
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.threads))
         env[SECRET_ENV] = self.secret
         started = []
-        pgid = 0  # the node's first worker leads a new process group; the others join it
+        pgid = 0  # the node's first process leads a new process group; the others join it
+        via: List[str] = []
+        if self.relay is not None:  # the node's relay first (relay.py): the workers connect through it
+            path = relay_socket(self.relay[0], name)
+            argv = [sys.executable, "-m", "ckptless_hpc.relay", "--coordinator", coordinator, "--node", name, "--path", path, "--interval", str(self.relay[1]), "--host", self.bind_host]
+            with open(os.path.join(self.log_dir, f"relay-{name}.log"), "ab") as out:
+                proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=0)
+            self._relays[name] = proc
+            pgid = proc.pid
+            via = ["--relay", path]
         for j in range(workers):
             wid = f"{name}.{j}"
-            argv = [sys.executable, "-m", "ckptless_hpc.worker", "--coordinator", coordinator, "--node", name, "--local-index", str(j), "--host", self.bind_host]
+            argv = [sys.executable, "-m", "ckptless_hpc.worker", "--coordinator", coordinator, "--node", name, "--local-index", str(j), "--host", self.bind_host, *via]
             with open(self.log_path(wid), "ab") as out:
                 proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=pgid)
             pgid = pgid or proc.pid
@@ -109,6 +123,13 @@ class LocalLauncher(Launcher):
             await asyncio.wait([asyncio.ensure_future(p.wait()) for p in live], timeout=timeout_s)
         for wid in list(self._procs):
             self.kill_worker(wid)
+        for relay in self._relays.values():  # every worker is gone: so is the relays' purpose
+            if relay.returncode is None:
+                try:
+                    relay.send_signal(signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            await relay.wait()
         for t in self._waiters:
             try:
                 await asyncio.wait_for(t, timeout=5)

@@ -34,6 +34,9 @@ class ControlClient:
 
     @classmethod
     def connect(cls, address: str, secret: str, **kw: Any) -> "ControlClient":
+        """``address``: HOST:PORT of the coordinator, or the path of the node's relay socket."""
+        if address.startswith("/"):
+            return cls(protocol.connect_unix(address, secret), **kw)
         host, _, port = address.rpartition(":")
         return cls(protocol.connect_paced(host, int(port), secret), **kw)
 

@@ -73,10 +73,11 @@ class _Context(logging.Filter):
 
 
 class Worker(Interruptible, PeerState, StorageCopy):
-    def __init__(self, node: str, local_index: int, coordinator: str, host: str, secret: str) -> None:
+    def __init__(self, node: str, local_index: int, coordinator: str, host: str, secret: str, relay: Optional[str] = None) -> None:
         self.node = node
         self.local_index = local_index
         self.coordinator = coordinator
+        self.relay = relay  # the node's relay socket (cluster.control=node), else None: straight to the coordinator
         self.host = host
         self.secret = secret
         self.ctx: Dict[str, Any] = {"job": "-", "gen": "-", "rank": "spare", "node": node, "step": "-"}
@@ -110,7 +111,7 @@ class Worker(Interruptible, PeerState, StorageCopy):
 
     def start(self) -> None:
         signal.signal(signal.SIGTERM, self._on_sigterm)
-        self.client = ControlClient.connect(self.coordinator, self.secret, on_message=self._on_message, on_lost=self._on_lost)
+        self.client = ControlClient.connect(self.relay or self.coordinator, self.secret, on_message=self._on_message, on_lost=self._on_lost)
         from ..slurm.env import SlurmEnvironment
 
         hello = {"type": "hello", "node": self.node, "local": self.local_index, "pid": os.getpid(), "host": self.host}
@@ -187,6 +188,9 @@ class Worker(Interruptible, PeerState, StorageCopy):
         elif msg.get("type") == "stop":
             self._stopping = True
             self._wake.set()
+        elif msg.get("type") == "dropped" and not self._stopping:  # declared failed: its rank is replaced
+            log.error("the coordinator declared this worker failed (%s): exiting without a copy or a requeue", str(msg.get("why"))[:300])
+            exit_now(EXIT_COORDINATOR_LOST)
 
     def _on_lost(self, why: str) -> None:
         if self._stopping:
@@ -485,6 +489,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--node", required=True, help="name of the node this worker runs on")
     p.add_argument("--local-index", default="0", help="index of this worker on its node, or 'slurm' (the task's SLURM_PROCID in its one-node step)")
     p.add_argument("--host", default="auto", help="address this worker binds and advertises; 'auto' = this node's address")
+    p.add_argument("--relay", default=None, help="the node's relay socket (cluster.control=node): the control connection goes through it")
     args = p.parse_args(argv)
     if args.local_index == "slurm":
         from ..slurm.env import SlurmEnvironment
@@ -492,7 +497,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         local_index = SlurmEnvironment().procid or 0
     else:
         local_index = int(args.local_index)
-    worker = Worker(args.node, local_index, args.coordinator, protocol.resolve_host(args.host), protocol.load_secret())
+    worker = Worker(args.node, local_index, args.coordinator, protocol.resolve_host(args.host), protocol.load_secret(), relay=args.relay)
     _setup_logging(worker.ctx)
     try:
         worker.start()

@@ -1,0 +1,265 @@
+"""A node's relay (``cluster.control=node``): one control connection to the coordinator for all
+the workers of a node, instead of one per worker.
+
+At 10,000 ranks the coordinator's cost is frames, not decisions: a heartbeat per rank per
+interval, and three frames per rank in a recovery (abort, held, assign). A node's ranks share
+its fate, so its relay carries their frames in batches: the coordinator reads one heartbeat
+summary per node per interval and writes one frame per node per loop iteration.
+
+The relay is a small asyncio process next to the node's workers (no torch): it connects to
+the coordinator (the job's authenticated handshake), then listens on a node-local Unix socket
+where the workers connect (the same handshake) and speak the unchanged worker protocol.
+
+Wire (each a frame of ``protocol``):
+
+- relay -> coordinator, first: ``{"type": "relay", "node", "pid", "host"}``;
+  then ``{"type": "up", "m": [[worker, message], ...]}``: the workers' messages in order, each
+  worker's ``hello`` first; ``[worker, {"type": "gone", "why"}]`` when its local connection
+  closed (the process died); every interval ``{"type": "hbs", "t", "w": {worker: [age_s,
+  step, compute_s]}}``: how long ago each worker was last heard, and its newest heartbeat's
+  fields (null when none came since the last summary).
+- coordinator -> relay: ``{"type": "down", "m": [[worker or [workers], message], ...]}``; a
+  ``{"type": "dropped", "why"}`` message is delivered, then that worker's connection closed.
+
+Failure model: a worker's death costs its rank (the relay reports it ``gone``), as without a
+relay; the relay's death or a lost relay connection costs every rank of its node (they share
+the node's fate anyway). A relay that loses the coordinator closes its workers' connections:
+each then asks the coordinator itself (``worker/last_resort.coordinator_alive``) before any
+last resort, as a worker without a relay does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+from hashlib import sha1
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from . import protocol
+
+log = logging.getLogger("ckptless_hpc.relay")
+
+Target = Union[str, Sequence[str]]
+
+
+def socket_path(run_dir: str, node: str) -> str:
+    """The node-local socket of ``node``'s relay for the job in ``run_dir`` (short: a Unix
+    socket path is limited to 107 bytes, a run dir is not)."""
+    digest = sha1(f"{os.path.abspath(run_dir)}|{node}".encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"ckptless-relay-{digest}.sock")
+
+
+UP = b'{"type":"up","m":['
+DOWN = b'{"type":"down","m":['
+
+
+def batch_frames(head: bytes, entries: List[bytes], max_body: int = protocol.MAX_FRAME) -> List[bytes]:
+    """``{"type": "up"|"down", "m": [...]}`` frames (``head`` says which) of encoded entries,
+    each frame within the limit (an entry holds one message of at most ``MAX_FRAME``, so a
+    batch may need a few frames; an entry alone over the limit still leaves, and is refused
+    by the reader as any oversized frame is)."""
+    frames, part, size = [], [], len(head) + 2
+    for e in entries:
+        if part and size + len(e) + 1 > max_body:
+            frames.append(protocol.frame(head + b",".join(part) + b"]}"))
+            part, size = [], len(head) + 2
+        part.append(e)
+        size += len(e) + 1
+    if part:
+        frames.append(protocol.frame(head + b",".join(part) + b"]}"))
+    return frames
+
+
+def entry(target: Target, body: bytes) -> bytes:
+    """One ``[worker or [workers], message]`` entry of a batch, from the message's JSON."""
+    return b"[" + json.dumps(target if isinstance(target, str) else list(target)).encode() + b"," + body + b"]"
+
+
+class Batcher:
+    """Entries written during one loop iteration leave as one frame (or as few as the limit allows)."""
+
+    def __init__(self, head: bytes, write: Callable[[bytes], None]) -> None:
+        self._head, self._write = head, write
+        self._entries: List[bytes] = []
+        self._due = False
+
+    def put(self, e: bytes) -> None:
+        self._entries.append(e)
+        if not self._due:
+            self._due = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._due = False
+        entries, self._entries = self._entries, []
+        for f in batch_frames(self._head, entries):
+            self._write(f)
+
+
+class Upstream:
+    """The relay's connection to the coordinator: forwards its workers' messages in batches,
+    sends a heartbeat summary every interval, hands what the coordinator says to ``deliver``.
+
+    ``deliver(workers, message)`` gets each downward message with the workers it is for. Used
+    by the relay process and, with simulated workers, by B7 (bench/b7_ranks.py).
+    """
+
+    def __init__(self, node: str, interval_s: float, deliver: Callable[[List[str], Dict[str, Any]], None], on_closed: Callable[[str], None]) -> None:
+        self.node, self.interval_s = node, interval_s
+        self._deliver, self._on_closed = deliver, on_closed
+        self.writer: Optional[asyncio.StreamWriter] = None
+        self._up: Optional[Batcher] = None
+        self._heard: Dict[str, float] = {}  # worker -> when it was last heard (monotonic)
+        self._beat: Dict[str, List[Any]] = {}  # worker -> [step, compute_s] of its newest heartbeat since the last summary
+        self._summaries: Optional["asyncio.Task[None]"] = None
+
+    async def connect(self, address: str, secret: str, host: str, timeout_s: float = 120.0) -> None:
+        h, _, port = address.rpartition(":")
+        reader, writer = await protocol.aconnect_paced(h, int(port), secret, timeout_s=timeout_s)
+        sock = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        writer.write(protocol.encode({"type": "relay", "node": self.node, "pid": os.getpid(), "host": host}))
+        self.writer = writer
+        self._up = Batcher(UP, self._write)
+        frames = protocol.FrameProtocol(self._on_frame, self._closed)
+        frames.take_over(reader, writer)
+        self._summaries = asyncio.ensure_future(self._summary_loop())
+
+    def _write(self, frame: bytes) -> None:
+        if self.writer is not None and not self.writer.is_closing():
+            self.writer.write(frame)
+
+    def forward(self, worker: str, msg: Dict[str, Any]) -> None:
+        """A worker's message: a heartbeat is folded into the next summary, the rest leaves now."""
+        self._heard[worker] = time.monotonic()
+        if msg.get("type") == "hb":
+            self._beat[worker] = [msg.get("step"), msg.get("compute_s")]
+            return
+        if self._up is not None:
+            self._up.put(entry(worker, protocol.encode_body(msg)))
+
+    def gone(self, worker: str, why: str) -> None:
+        self._heard.pop(worker, None)
+        self._beat.pop(worker, None)
+        if self._up is not None:
+            self._up.put(entry(worker, protocol.encode_body({"type": "gone", "why": why})))
+
+    def summary(self, now: float) -> Dict[str, Any]:
+        beats, self._beat = self._beat, {}
+        w = {wid: [round(now - t, 4), *(beats.get(wid) or (None, None))] for wid, t in self._heard.items()}
+        return {"type": "hbs", "t": time.time(), "w": w}
+
+    async def _summary_loop(self) -> None:
+        while self.writer is not None and not self.writer.is_closing():
+            await asyncio.sleep(self.interval_s)
+            if self._heard:
+                self._write(protocol.encode(self.summary(time.monotonic())))
+
+    def _on_frame(self, msg: Dict[str, Any]) -> None:
+        if msg.get("type") != "down":
+            log.warning("node %s: unexpected %r frame from the coordinator", self.node, msg.get("type"))
+            return
+        for target, m in msg.get("m", ()):
+            self._deliver([target] if isinstance(target, str) else list(target), m)
+
+    def _closed(self, why: str) -> None:
+        if self._summaries is not None:
+            self._summaries.cancel()
+        self._on_closed(why)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class Relay:
+    """The relay process: the node's workers on a Unix socket, the coordinator upstream."""
+
+    def __init__(self, node: str, coordinator: str, path: str, secret: str, interval_s: float, host: str) -> None:
+        self.node, self.coordinator, self.path, self.secret, self.host = node, coordinator, path, secret, host
+        self.local: Dict[str, asyncio.StreamWriter] = {}
+        self.up = Upstream(node, interval_s, self._deliver, self._lost_coordinator)
+        self.done: "asyncio.Future[str]"
+
+    async def run(self) -> str:
+        self.done = asyncio.get_running_loop().create_future()
+        await self.up.connect(self.coordinator, self.secret, self.host)
+        if os.path.exists(self.path):
+            os.unlink(self.path)  # a previous relay's socket (same job dir and node): ours now
+        server = await asyncio.start_unix_server(self._handle, path=self.path)
+        os.chmod(self.path, 0o600)
+        log.info("node %s: relay for the coordinator at %s, workers at %s", self.node, self.coordinator, self.path)
+        try:
+            return await self.done
+        finally:
+            server.close()
+            for w in self.local.values():
+                w.close()
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await protocol.aserver_handshake(reader, writer, self.secret, timeout_s=5.0)
+            hello = await asyncio.wait_for(protocol.arecv_msg(reader), 30.0)
+            wid = f"{hello.get('node')}.{hello.get('local')}"
+            if hello.get("type") != "hello" or hello.get("node") != self.node or wid in self.local:
+                raise protocol.ProtocolError(f"unexpected hello {hello!r} at node {self.node}'s relay")
+        except (protocol.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as e:
+            log.warning("node %s: rejected a local connection: %s", self.node, str(e) or type(e).__name__)
+            writer.close()
+            return
+        self.local[wid] = writer
+        self.up.forward(wid, hello)
+        closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
+        protocol.FrameProtocol(lambda m: self.up.forward(wid, m), lambda why: closed.done() or closed.set_result(why)).take_over(reader, writer)
+        why = await closed
+        if self.local.get(wid) is writer:
+            del self.local[wid]
+            self.up.gone(wid, f"control connection closed ({why})")
+        writer.close()
+
+    def _deliver(self, workers: List[str], msg: Dict[str, Any]) -> None:
+        frame = protocol.encode(msg)
+        for wid in workers:
+            w = self.local.get(wid)
+            if w is None or w.is_closing():
+                continue
+            w.write(frame)
+            if msg.get("type") == "dropped":  # the coordinator declared it failed: said, then closed
+                del self.local[wid]
+                w.close()
+
+    def _lost_coordinator(self, why: str) -> None:
+        log.error("node %s: lost the coordinator (%s); closing the workers' connections", self.node, why)
+        if not self.done.done():
+            self.done.set_result(why)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ckptless_hpc.relay", description="a node's relay to the coordinator (cluster.control=node)")
+    p.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator's control server")
+    p.add_argument("--node", required=True)
+    p.add_argument("--path", required=True, help="the node-local Unix socket the workers connect to")
+    p.add_argument("--interval", type=float, required=True, help="seconds between heartbeat summaries (cluster.heartbeat_interval_s)")
+    p.add_argument("--host", default="auto")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s %(levelname)s node={a.node} %(name)s: %(message)s")
+    relay = Relay(a.node, a.coordinator, a.path, protocol.load_secret(), a.interval, protocol.resolve_host(a.host))
+    why = asyncio.run(relay.run())
+    log.info("node %s: relay done (%s)", a.node, why)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
