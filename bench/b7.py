@@ -104,20 +104,21 @@ def _stop(procs: List[subprocess.Popen], timeout_s: float) -> None:
             p.wait(timeout=10)
 
 
-def run_point(ranks: int, wpn: int, steady_s: float, run_dir: Path, rate: float = 100.0, interval_s: float = 0.5) -> Dict[str, Any]:
-    """One world size: start-up burst, steady window, one rank's connection closed, recovery."""
+def run_point(ranks: int, wpn: int, steady_s: float, run_dir: Path, rate: float = 100.0, interval_s: float = 0.5, control: str = "rank") -> Dict[str, Any]:
+    """One world size: start-up burst, steady window, one rank's connection closed, recovery.
+    ``control``: cluster.control, a connection per rank or one per node (its relay)."""
     nodes = ranks // wpn
     shutil.rmtree(run_dir, ignore_errors=True)  # a stale address.json or events.jsonl would be read as this run's
     run_dir.mkdir(parents=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env[SECRET_ENV] = new_secret()
     profile = ["-m", "cProfile", "-o", str(run_dir / "coordinator.prof")] if os.environ.get("B7_PROFILE") else []  # for looking, not for figures
-    coord_argv = [sys.executable, *profile, "-m", "bench.b7_coord", "--nodes", str(nodes), "--wpn", str(wpn), "--interval", str(interval_s), "--run-dir", str(run_dir)]
+    coord_argv = [sys.executable, *profile, "-m", "bench.b7_coord", "--nodes", str(nodes), "--wpn", str(wpn), "--interval", str(interval_s), "--run-dir", str(run_dir), "--control", control]
     with open(run_dir / "coordinator.out", "w") as out:
         coord = subprocess.Popen(coord_argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     sims: List[subprocess.Popen] = []
     try:
-        return _measure(coord, sims, ranks, nodes, wpn, steady_s, run_dir, env, rate, interval_s)
+        return dict(_measure(coord, sims, ranks, nodes, wpn, steady_s, run_dir, env, rate, interval_s, control), control=control)
     finally:
         if coord.poll() is None:
             coord.send_signal(signal.SIGTERM)
@@ -125,7 +126,7 @@ def run_point(ranks: int, wpn: int, steady_s: float, run_dir: Path, rate: float 
 
 
 def _measure(coord: subprocess.Popen, sims: List[subprocess.Popen], ranks: int, nodes: int, wpn: int, steady_s: float, run_dir: Path,
-             env: Dict[str, str], rate: float, interval_s: float) -> Dict[str, Any]:
+             env: Dict[str, str], rate: float, interval_s: float, control: str) -> Dict[str, Any]:
     address = _wait_file(run_dir / "address.json", 120, coord)["address"]
     k = max(2, math.ceil(ranks / RANKS_PER_PROCESS))
     victim_node = nodes // 2
@@ -133,7 +134,7 @@ def _measure(coord: subprocess.Popen, sims: List[subprocess.Popen], ranks: int, 
     t_burst = time.time()
     for i in range(k):
         argv = [sys.executable, "-m", "bench.b7_ranks", "--address", address, "--nodes", str(nodes + 1), "--wpn", str(wpn), "--index", str(i),
-                "--of", str(k), "--interval", str(interval_s), "--rate", str(rate), "--victim", victim, "--epoch", str(t_burst), "--out", str(run_dir / f"ranks{i}.json")]
+                "--of", str(k), "--interval", str(interval_s), "--rate", str(rate), "--victim", victim, "--epoch", str(t_burst), "--out", str(run_dir / f"ranks{i}.json"), "--control", control]
         with open(run_dir / f"ranks{i}.out", "w") as out:
             sims.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
     tail = EventTail(run_dir / "events.jsonl")
@@ -255,8 +256,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--wpn", type=int, default=8)
     ap.add_argument("--steady-s", type=float, default=60.0)
     ap.add_argument("--run-dir", type=Path, default=REPO / "bench" / "results" / "tmp" / "b7-soak")
+    ap.add_argument("--control", choices=("rank", "node"), default="rank", help="cluster.control: a connection per rank, or per node (its relay)")
     a = ap.parse_args(argv)
-    res = run_point(a.ranks, a.wpn, a.steady_s, a.run_dir)
+    res = run_point(a.ranks, a.wpn, a.steady_s, a.run_dir, control=a.control)
     print(json.dumps(res, indent=2))
     print(one_line(res))
     return 0

@@ -80,12 +80,12 @@ class GcPauses:
         return out
 
 
-def config(nodes: int, wpn: int, spare_nodes: int, interval_s: float, timeout_s: float) -> Any:
+def config(nodes: int, wpn: int, spare_nodes: int, interval_s: float, timeout_s: float, control: str = "rank") -> Any:
     register_configs()
     overrides = [
         "task=mlp", f"cluster.nodes={nodes}", f"cluster.workers_per_node={wpn}", f"cluster.spare_nodes={spare_nodes}",
         "cluster.refill_spares=false", f"cluster.heartbeat_interval_s={interval_s}", f"cluster.heartbeat_timeout_s={timeout_s}",
-        "train.steps=100000000", "train.console_rank=null", "train.log_every=1000", "cluster.startup_timeout_s=300",
+        "train.steps=100000000", "train.console_rank=null", "train.log_every=1000", "cluster.startup_timeout_s=300", f"cluster.control={control}",
     ]
     with initialize_config_module(config_module="ckptless_hpc.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
@@ -101,9 +101,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument("--timeout", type=float, default=3.0)
     ap.add_argument("--run-dir", required=True)
+    ap.add_argument("--control", choices=("rank", "node"), default="rank")
     a = ap.parse_args(argv)
     os.makedirs(a.run_dir, exist_ok=True)
-    cfg = config(a.nodes, a.wpn, a.spare_nodes, a.interval, a.timeout)
+    cfg = config(a.nodes, a.wpn, a.spare_nodes, a.interval, a.timeout, a.control)
     import torch.distributed  # noqa: F401  the store's import, done before ranks connect (srun of real nodes takes longer)
     job_id = "b7"
     context = setup_logging(a.run_dir, job_id)

@@ -10,6 +10,12 @@ to a multiple of ``--commit-every`` (every rank holds the same committed step, a
 a floor that falls inside the abort's delivery splits the world across two steps, which real
 jobs see too). SIGUSR1 closes the control
 connection of ``--victim`` (a failed rank). Writes what it saw to ``--out`` (JSON).
+
+``--control node`` (``cluster.control=node``): each simulated node is one real relay
+connection (``ckptless_hpc.relay.Upstream``, the relay process's own upstream code: batched
+frames, one heartbeat summary per interval) carrying its ranks in-process, where the relay
+process would read them from the node-local sockets of real workers; the victim's closed
+connection is what the relay then reports (``gone``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from ckptless_hpc import protocol
+from ckptless_hpc.relay import Upstream
 
 SHA = "0" * 64
 EPOCH = [0.0]
@@ -45,6 +52,8 @@ class Rank:
         self.metrics_step = 0
         self.attempts = 0
         self.stopped = False
+        self.up: Optional[Upstream] = None  # --control node: its node's relay connection
+        self.gone = False
 
     def step(self, now: float, rate: float, steps: int) -> int:
         if not self.training:
@@ -52,7 +61,11 @@ class Rank:
         return min(steps, max(self.base, int((now - EPOCH[0]) * rate)))
 
     def send(self, msg: Dict[str, Any]) -> None:
-        if self.writer is not None and not self.writer.is_closing():
+        if self.up is not None:
+            if not self.gone and not self.stopped:
+                msg["t"] = time.time()
+                self.up.forward(self.wid, msg)
+        elif self.writer is not None and not self.writer.is_closing():
             msg["t"] = time.time()
             self.writer.write(protocol.encode(msg))
 
@@ -123,13 +136,14 @@ class Sim:
             self.on_assign(r, msg, now)
         elif kind == "stop":
             r.stopped = True
-            r.writer.close()
+            if r.writer is not None:
+                r.writer.close()
 
     def on_assign(self, r: Rank, msg: Dict[str, Any], now: float) -> None:
         gen, target = int(msg["gen"]), int(msg["step"])
         seen = self.assigns.setdefault(gen, [now, now, 0])
         seen[0], seen[1], seen[2] = min(seen[0], now), max(seen[1], now), seen[2] + 1
-        r.gen, r.rank = gen, int(msg["rank"])
+        r.gen, r.rank = gen, int(msg["rank"]) if msg.get("rank") is not None else r.rank  # none: it keeps its rank
         if r.held_step != target:
             src = (msg.get("sources") or [{}])[0].get("worker")
             r.send({"type": "fetched", "gen": gen, "source": src, "bytes": 0, "seconds": 0.0, "apply_s": 0.0})
@@ -173,16 +187,53 @@ class Sim:
 
     def kill_victim(self) -> None:
         for r in self.ranks:
-            if r.wid == self.a.victim and r.writer is not None:
+            if r.wid == self.a.victim and r.up is not None and not r.gone:
+                self.closed = {"worker": r.wid, "rank": r.rank, "t": time.time()}
+                r.gone = True
+                r.up.gone(r.wid, "control connection closed (EOF)")  # what the relay says when a worker's socket closes
+            elif r.wid == self.a.victim and r.writer is not None:
                 self.closed = {"worker": r.wid, "rank": r.rank, "t": time.time()}
                 r.writer.transport.abort()  # the process is gone: its connection closes
+
+    # ---------------------------------------------------------------- --control node
+    async def serve_node(self, node: str, ranks: List[Rank]) -> None:
+        """One relay connection for the node's ranks: they say hello through it, then talk."""
+        closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
+        by_wid = {r.wid: r for r in ranks}
+
+        def deliver(wids: List[str], msg: Dict[str, Any]) -> None:
+            for wid in wids:
+                r = by_wid[wid]
+                if msg["type"] == "dropped":
+                    r.gone = True
+                elif not r.gone:
+                    self.on_message(r, msg)
+            if all(r.stopped or r.gone for r in ranks):
+                up.close()
+
+        up = Upstream(node, self.a.interval, deliver, lambda why: closed.done() or closed.set_result(why))
+        try:
+            await up.connect(self.a.address, self.secret, "127.0.0.1", timeout_s=self.a.connect_timeout)
+        except ConnectionError:
+            return
+        for r in ranks:
+            r.up = up
+            self.t_connected.append(time.time())
+            r.send({"type": "hello", "node": r.node, "local": r.local, "pid": os.getpid(), "host": "127.0.0.1", "slurm_step": None})
+        await closed
 
     async def run(self) -> Dict[str, Any]:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGUSR1, self.kill_victim)
         t_start = time.time()
         periodic = [asyncio.ensure_future(self.heartbeats()), asyncio.ensure_future(self.steps_loop())]
-        served = await asyncio.gather(*(self.serve(r) for r in self.ranks))
+        if self.a.control == "node":
+            nodes: Dict[str, List[Rank]] = {}
+            for r in self.ranks:
+                nodes.setdefault(r.node, []).append(r)
+            served = await asyncio.gather(*(self.serve_node(n, rs) for n, rs in nodes.items()))
+        else:
+            served = await asyncio.gather(*(self.serve(r) for r in self.ranks))
         for p in periodic:
             p.cancel()
         return {
@@ -208,6 +259,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--epoch", type=float, default=0.0, help="time (Unix s) of step 0 of the shared step clock")
     ap.add_argument("--commit-every", type=int, default=1000, help="an abort holds the step floored to a multiple of this")
     ap.add_argument("--connect-timeout", type=float, default=120.0)
+    ap.add_argument("--control", choices=("rank", "node"), default="rank", help="cluster.control: a connection per rank, or per node (a relay)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     EPOCH[0] = a.epoch or time.time()

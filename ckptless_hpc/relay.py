@@ -79,7 +79,15 @@ def batch_frames(head: bytes, entries: List[bytes], max_body: int = protocol.MAX
 
 def entry(target: Target, body: bytes) -> bytes:
     """One ``[worker or [workers], message]`` entry of a batch, from the message's JSON."""
-    return b"[" + json.dumps(target if isinstance(target, str) else list(target)).encode() + b"," + body + b"]"
+    return b"[" + json.dumps(target if isinstance(target, str) else list(target), separators=(",", ":")).encode() + b"," + body + b"]"
+
+
+def message_entry(worker: str, msg: Dict[str, Any]) -> bytes:
+    """``entry(worker, encode_body(msg))`` in one encoding (the relay forwards every message)."""
+    e = json.dumps([worker, msg], separators=(",", ":")).encode()
+    if len(e) > protocol.MAX_FRAME:
+        raise protocol.ProtocolError(f"message of {len(e)} bytes exceeds the {protocol.MAX_FRAME}-byte frame limit")
+    return e
 
 
 class Batcher:
@@ -144,13 +152,13 @@ class Upstream:
             self._beat[worker] = [msg.get("step"), msg.get("compute_s")]
             return
         if self._up is not None:
-            self._up.put(entry(worker, protocol.encode_body(msg)))
+            self._up.put(message_entry(worker, msg))
 
     def gone(self, worker: str, why: str) -> None:
         self._heard.pop(worker, None)
         self._beat.pop(worker, None)
         if self._up is not None:
-            self._up.put(entry(worker, protocol.encode_body({"type": "gone", "why": why})))
+            self._up.put(message_entry(worker, {"type": "gone", "why": why}))
 
     def summary(self, now: float) -> Dict[str, Any]:
         beats, self._beat = self._beat, {}

@@ -71,7 +71,7 @@ class Channel:
     # ------------------------------------------------------------------ a node's relay (relay.py)
     async def _serve_relay(self, first: Dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         node = str(first.get("node"))
-        if not any(w.node == node for w in self.workers.values()):
+        if f"{node}.0" not in self.workers:  # workers are <node>.<local index>
             raise protocol.ProtocolError(f"a relay for node {node!r}, which this job did not start")
         link = RelayLink(node, writer)
         self._emit("relay_connected", node=node, pid=first.get("pid"), host=first.get("host"))
@@ -79,7 +79,7 @@ class Channel:
         link.reader = protocol.FrameProtocol(lambda m: self._on_relay_frame(link, m), lambda why: closed.done() or closed.set_result(why))
         link.reader.take_over(reader, writer)
         why = await closed
-        for rec in [w for w in self.workers.values() if isinstance(w.writer, RelayedWriter) and w.writer.link is link]:
+        for rec in list(link.recs.values()):
             self._lost(rec, f"the relay connection of node {node} closed ({why})")
         writer.close()
 
@@ -101,17 +101,18 @@ class Channel:
         if m["type"] == "hello":
             if m.get("node") != link.node:
                 raise protocol.ProtocolError(f"node {link.node}'s relay spoke for {wid}")
-            rec = self._accept_hello(m, RelayedWriter(link, wid))
+            rec = link.recs[wid] = self._accept_hello(m, RelayedWriter(link, wid))
             rec.reader = link.reader
             if self._store_ready.is_set():
                 self._welcome(rec)
             else:
                 asyncio.ensure_future(self._welcome_when_ready(rec))
             return
-        rec = self.workers.get(wid)
-        if rec is None or not isinstance(rec.writer, RelayedWriter) or rec.writer.link is not link:
+        rec = link.recs.get(wid)
+        if rec is None:
             return  # dropped already (its last words), or nobody this relay connected
         if m["type"] == "gone":
+            del link.recs[wid]
             self._lost(rec, str(m.get("why")))
         else:
             self._on_frame(rec, m)
@@ -126,9 +127,10 @@ class Channel:
         now = self.clock()
         self.hb_delay.add(now - msg.get("t", now))
         stalled = self.stalls.stalled_s
+        recs = link.recs
         for wid, (age, step, compute_s) in msg["w"].items():
-            rec = self.workers.get(wid)
-            if rec is None or not isinstance(rec.writer, RelayedWriter) or rec.writer.link is not link:
+            rec = recs.get(wid)
+            if rec is None:
                 continue
             seen = now - float(age)
             if rec.last_seen is None or seen > rec.last_seen:
@@ -212,6 +214,7 @@ class RelayLink:
     def __init__(self, node: str, writer: asyncio.StreamWriter) -> None:
         self.node, self.writer = node, writer
         self.reader: Any = None
+        self.recs: Dict[str, WorkerRec] = {}  # the workers connected through it, until gone or dropped
         self._down = Batcher(DOWN, self._write)
 
     def put(self, target: Any, body: bytes) -> None:
@@ -241,6 +244,7 @@ class RelayedWriter:
     def drop(self, why: str) -> None:
         if not self._closed:
             self.link.put(self.wid, protocol.encode_body({"type": "dropped", "why": why[:500]}))
+            self.link.recs.pop(self.wid, None)
             self._closed = True
 
     def close(self) -> None:

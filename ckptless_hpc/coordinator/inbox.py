@@ -157,7 +157,7 @@ def _check(kind: str, name: str, base: Optional[type], value: Any, required: boo
     return int(value) if base is int and isinstance(value, float) and value.is_integer() else value
 
 
-Spec = Tuple[str, Optional[type], bool, Any]  # field name, its checked type (None: any), required, default
+Spec = Tuple[str, Optional[type], bool, Any, Tuple[type, ...]]  # field name, its checked type (None: any), required, default, types taken as they are
 
 
 def _spec(cls: Type[Any]) -> List[Spec]:
@@ -166,20 +166,30 @@ def _spec(cls: Type[Any]) -> List[Spec]:
     out = []
     for f in fields(cls):
         base = {"int": int, "float": float, "str": str}.get(str(f.type).replace("Optional[", "").rstrip("]"))
-        out.append((f.name, base, f.default is MISSING and f.default_factory is MISSING, f.default))
+        exact = {int: (int,), float: (int, float), str: (str,)}.get(base, ())  # type: ignore[arg-type]
+        out.append((f.name, base, f.default is MISSING and f.default_factory is MISSING, f.default, exact))
     return out
 
 
 _SPECS: Dict[str, List[Spec]] = {kind: _spec(cls) for kind, cls in KINDS.items()}
+_ABSENT = object()
 
 
 def parse(msg: Dict[str, Any]) -> Optional[Message]:
-    """The typed message, or None for a kind this coordinator does not know."""
+    """The typed message, or None for a kind this coordinator does not know. A value of exactly
+    its field's type is taken as it is (the common case, checked inline); the rest is checked
+    (and an integral float converted) by ``_check``, which also names what is wrong."""
     kind = msg.get("type")
-    cls = KINDS.get(kind)  # type: ignore[arg-type]
-    if cls is None:
+    spec = _SPECS.get(kind)  # type: ignore[arg-type]
+    if spec is None:
         return None
-    args = {}
-    for name, base, required, default in _SPECS[kind]:  # type: ignore[index]
-        args[name] = _check(kind, name, base, msg.get(name), required) if name in msg or required else default  # type: ignore[arg-type]
-    return cls(**args)
+    args = []
+    for name, base, required, default, exact in spec:
+        value = msg.get(name, _ABSENT)
+        if value is _ABSENT:
+            args.append(_check(kind, name, base, None, True) if required else default)  # type: ignore[arg-type]
+        elif value is not None and (base is None or type(value) in exact):
+            args.append(value)
+        else:
+            args.append(_check(kind, name, base, value, required))  # type: ignore[arg-type]
+    return KINDS[kind](*args)  # type: ignore[index]

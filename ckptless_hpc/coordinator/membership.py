@@ -29,6 +29,7 @@ class WorkerRec:
     seen_stall: float = 0.0  # the coordinator's stall total when it was last heard (detector.py)
     reader: Any = None  # its connection's frames (protocol.FrameProtocol), once it has its config
     rank: Optional[int] = None
+    ready_rank: Optional[int] = None  # the rank it last said it is ready as (it then keeps it through a rankless assign)
     compute_s: Optional[float] = None
     outbox: List[Dict[str, Any]] = field(default_factory=list)  # said before it connected
 

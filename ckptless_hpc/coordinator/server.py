@@ -189,6 +189,8 @@ class Coordinator(Channel, Ending):
         elif isinstance(m, Held):
             self._on_held(rec, m)
         elif isinstance(m, (Ready, Joining, Fetched)):
+            if isinstance(m, Ready) and m.rank is not None:
+                rec.ready_rank = m.rank
             if self.recovery is not None:
                 self.recovery.on_message(rec.wid, m)
             if isinstance(m, Fetched):
@@ -537,15 +539,24 @@ class Coordinator(Channel, Ending):
         return len(done) == self.world and all(w in done for w in self.ranks.values())
 
     def _assign(self, ranks: Dict[int, str], step: int, sources: Dict[str, List[str]], load: Optional[Dict[str, Any]] = None) -> None:
+        """Every rank's assign. A survivor that keeps the rank it last said it was ready as, with
+        nothing to fetch or load (most of a recovery's ranks), gets one shared message without a
+        rank, encoded once (and one entry per node's relay): at 10k ranks, 10k encodings fewer."""
         done = sorted(self.faults_done)
         ends = Endpoints(self.workers)
         self.members.assign(ranks)
         if self.layout.sharded:
             self.layout.place({r: self.workers[w].node for r, w in ranks.items()})
+        keeping = []
         for r, wid in ranks.items():
             extra = self.layout.assign_fields(r, ranks, ends)
+            if not extra and not load and wid not in sources and self.workers[wid].ready_rank == r:
+                keeping.append(wid)
+                continue
             shard_load = _shard_copy(load, extra.get("shard"))
             self._send(self.workers[wid], messages.assign(self.gen, r, self.world, step, sources.get(wid, ()), ends, done, shard_load, extra))
+        if keeping:
+            self._broadcast(keeping, messages.assign(self.gen, None, self.world, step, (), ends, done))
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self) -> Optional[int]:

@@ -83,6 +83,7 @@ class Worker(Interruptible, PeerState, StorageCopy):
         self.ctx: Dict[str, Any] = {"job": "-", "gen": "-", "rank": "spare", "node": node, "step": "-"}
         self.gen = -1
         self.rank: Optional[int] = None
+        self.ready_rank: Optional[int] = None  # the rank it last said ready as: a rankless assign keeps it
         self.world = 0
         self.step: Optional[int] = None  # committed step of the state held; None = no valid state
         # whether that state is the job's: a spare's freshly built model is step 0 of a fresh
@@ -278,7 +279,10 @@ class Worker(Interruptible, PeerState, StorageCopy):
         gen = int(msg["gen"])
         if self.abort_gen > gen:
             return  # superseded before we got to it; the abort that follows gets our answer
-        self.gen, self.rank, self.world = gen, int(msg["rank"]), int(msg["world"])
+        if msg.get("rank") is None and self.ready_rank is None:
+            raise RuntimeError(f"gen {gen}: an assign without a rank, and this worker was never ready as any rank. HINT: this is a coordinator bug; please report it")
+        rank = self.ready_rank if msg.get("rank") is None else int(msg["rank"])  # none: keep the rank it was last ready as
+        self.gen, self.rank, self.world = gen, rank, int(msg["world"])
         self.faults_done = set(msg.get("faults_done", []))
         self.ctx.update(gen=gen, rank=self.rank)
         self._drop_behind()  # a generation that never trained: the parameters alone are no state
@@ -308,6 +312,7 @@ class Worker(Interruptible, PeerState, StorageCopy):
             log.error("generation %d could not start: %s", gen, e)
             self._send_held(None, reason=f"start failed: {e}")
             return
+        self.ready_rank = self.rank
         self.client.send({"type": "ready", "gen": gen, "rank": self.rank, "pid": os.getpid(), "form_s": time.monotonic() - t0})
         log.info("generation %d formed: rank %d of %d at step %d; %s", gen, self.rank, self.world, self.step, " ".join(f"{k}={v}" for k, v in resources().items()))
         self._train(gen)
