@@ -1,0 +1,79 @@
+"""The relay's pure parts (ckptless_hpc/relay.py): batching within the frame limit, entries,
+heartbeat summaries; and the coordinator's message shapes that relays carry. The relay's real
+behaviour (processes, sockets, kills) is proven end to end in tests/e2e/test_relay.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ckptless_hpc import protocol, relay
+from ckptless_hpc.coordinator import inbox, messages
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _decode(frame: bytes) -> dict:
+    (n,) = protocol._HDR.unpack(frame[:4])
+    assert n == len(frame) - 4
+    return protocol.decode(frame[4:])
+
+
+def test_batches_keep_order_and_stay_within_the_frame_limit():
+    bodies = [protocol.encode_body({"type": "assign", "gen": 1, "pad": "x" * (100 + i)}) for i in range(50)]
+    entries = [relay.entry(f"n0.{i}", b) for i, b in enumerate(bodies)]
+    frames = relay.batch_frames(relay.DOWN, entries, max_body=1000)
+    assert len(frames) > 5  # the limit split the batch
+    got = []
+    for f in frames:
+        assert len(f) - 4 <= 1000
+        msg = _decode(f)
+        assert msg["type"] == "down"
+        got += msg["m"]
+    assert [w for w, _ in got] == [f"n0.{i}" for i in range(50)]
+    assert [m["pad"] for _, m in got] == ["x" * (100 + i) for i in range(50)]
+    one = relay.batch_frames(relay.UP, entries[:3])  # under the real limit: one frame
+    assert len(one) == 1 and _decode(one[0])["type"] == "up"
+
+
+def test_an_entry_for_many_workers_and_one_encoding():
+    e = relay.entry(["n1.0", "n1.1"], protocol.encode_body({"type": "abort", "gen": 4}))
+    assert json.loads(e) == [["n1.0", "n1.1"], {"type": "abort", "gen": 4}]
+    assert json.loads(relay.message_entry("n1.0", {"type": "held", "step": 3})) == ["n1.0", {"type": "held", "step": 3}]
+    with pytest.raises(protocol.ProtocolError, match="frame limit"):
+        relay.message_entry("n1.0", {"type": "x", "pad": "y" * protocol.MAX_FRAME})
+
+
+def test_heartbeats_fold_into_one_summary_per_interval():
+    up = relay.Upstream("n2", 0.5, deliver=lambda w, m: None, on_closed=lambda why: None)
+    up.forward("n2.0", {"type": "hb", "step": 10, "compute_s": 0.01})
+    up.forward("n2.1", {"type": "hb", "step": 11, "compute_s": 0.02})
+    up.forward("n2.0", {"type": "hb", "step": 12, "compute_s": 0.03})  # the newest counts
+    heard = dict(up._heard)
+    s = up.summary(max(heard.values()) + 0.25)
+    assert s["type"] == "hbs" and set(s["w"]) == {"n2.0", "n2.1"}
+    assert s["w"]["n2.0"][1:] == [12, 0.03] and s["w"]["n2.1"][1:] == [11, 0.02]
+    assert 0.2 <= s["w"]["n2.0"][0] <= 0.3
+    again = up.summary(max(heard.values()) + 2.0)  # nothing new: ages grow, no beat repeated
+    assert again["w"]["n2.0"][1:] == [None, None] and again["w"]["n2.0"][0] >= 1.9
+    up.gone("n2.1", "EOF")
+    assert set(up.summary(0.0)["w"]) == {"n2.0"}  # a gone worker is no longer vouched for
+
+
+def test_socket_paths_are_short_and_per_job_and_node(tmp_path):
+    a, b = relay.socket_path(str(tmp_path / ("d" * 200)), "node1"), relay.socket_path(str(tmp_path), "node1")
+    assert len(a) < 100 and a != b and a != relay.socket_path(str(tmp_path), "node2")
+
+
+def test_a_rankless_assign_and_the_checks_parse_keeps():
+    m = messages.assign(3, None, 8, 100, (), {}, [])
+    assert "rank" not in m and m["step"] == 100 and m["sources"] == []
+    assert messages.assign(3, 2, 8, 100, (), {}, [])["rank"] == 2
+    assert inbox.parse({"type": "ready", "gen": 2.0}).gen == 2  # an integral float is an int
+    with pytest.raises(inbox.MessageError, match="'gen'"):
+        inbox.parse({"type": "held", "gen": True, "step": 1})
+    with pytest.raises(inbox.MessageError, match="missing"):
+        inbox.parse({"type": "ready", "gen": None})
+    held = inbox.parse({"type": "held", "gen": 1, "abort_gen": 2, "step": 40, "reason": "abort"})
+    assert (held.gen, held.abort_gen, held.step, held.pid) == (1, 2, 40, None)
