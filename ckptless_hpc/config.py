@@ -205,8 +205,6 @@ def validation_errors(cfg: Any) -> List[str]:
     need(c.backend in ("local", "slurm"), "cluster.backend", c.backend, "unknown backend", "use cluster=local or cluster=slurm")
     need(c.control in ("rank", "node"), "cluster.control", c.control, "must be rank or node",
          "cluster.control=rank (a control connection per worker) or cluster.control=node (one per node, through its relay)")
-    need(not (c.backend == "slurm" and c.control == "node"), "cluster.control", c.control, "node relays are not yet started by the Slurm backend",
-         "use cluster.control=rank on Slurm (the default); cluster.control=node runs on cluster=local")
     need(c.nodes >= 1, "cluster.nodes", c.nodes, "must be >= 1", "set cluster.nodes=2")
     need(c.workers_per_node >= 1, "cluster.workers_per_node", c.workers_per_node, "must be >= 1", "set cluster.workers_per_node=1")
     need(c.spare_nodes >= 0, "cluster.spare_nodes", c.spare_nodes, "must be >= 0", "set cluster.spare_nodes=1 (0 = no hot spares)")

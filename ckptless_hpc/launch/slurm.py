@@ -257,9 +257,17 @@ class SlurmLauncher(Launcher):
 
     async def start_node(self, name: str, workers: int, coordinator: str, on_exit: Any) -> List[str]:
         c = self.cfg.cluster
-        command = [sys.executable, "-m", "ckptless_hpc.worker", "--coordinator", coordinator, "--node", name, "--local-index", "slurm", "--host", c.bind_host]
+        tasks, extra = workers, []
+        if c.control == "node":
+            # one more task, the last: the node's relay (slurm/node_task.py); it shares the
+            # step's CPUs with the workers (--overcommit) rather than asking for one of its own
+            command = [sys.executable, "-m", "ckptless_hpc.slurm.node_task", "--coordinator", coordinator, "--node", name, "--interval", str(c.heartbeat_interval_s), "--host", c.bind_host]
+            tasks, extra = workers + 1, ["--overcommit"]
+        else:
+            command = [sys.executable, "-m", "ckptless_hpc.worker", "--coordinator", coordinator, "--node", name, "--local-index", "slurm", "--host", c.bind_host]
         argv = render.srun_worker_argv(
-            name, workers, command, job_id=self.job_id, log_path=os.path.join(self.log_dir, f"{name}.%t.log"), gpus_per_node=c.gpus_per_node, cpus_per_task=c.cpus_per_task
+            name, tasks, command, job_id=self.job_id, log_path=os.path.join(self.log_dir, f"{name}.%t.log"), gpus_per_node=c.gpus_per_node, cpus_per_task=c.cpus_per_task,
+            extra=extra,
         )
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.cfg.train.threads))
         env[SECRET_ENV] = self.secret  # the step's environment, never its command line

@@ -96,6 +96,23 @@ def test_killed_worker_step_is_replaced_by_the_spare(slurm_env, tmp_path, baseli
     assert len(held) == 1 and _pid(tmp_path, survivor) == held[0]["pid"]
 
 
+def test_node_relays_a_killed_step_is_replaced_by_the_spare(slurm_env, tmp_path, baseline):
+    """cluster.control=node on Slurm: each node's srun step carries one more task, its relay; the
+    workers connect through it. A cancelled step (worker and relay) is replaced, bitwise."""
+    job = _submit(tmp_path, *LM, "cluster.control=node")
+    victim = _rank_worker(tmp_path, 1)
+    _past_step(tmp_path, 20)
+    events = _events(tmp_path)
+    assert sorted(e["node"] for e in events if e["event"] == "relay_connected") == sorted({e["node"] for e in events if e["event"] == "node_started"})
+    connected = [e for e in events if e["event"] == "worker_connected"]
+    assert connected and all(e.get("relayed") for e in connected), connected
+    step = next(e["slurm_step"] for e in connected if e["worker"] == victim)
+    commands.cancel_step(job, int(step))
+    s = _finished(job, tmp_path)
+    _assert_one_recovery(s, victim.split(".")[0])
+    assert s["final_state_sha256"] == baseline(*LM)
+
+
 def test_crashed_node_is_replaced_by_the_spare(slurm_env, tmp_path, baseline, slurm_cluster):
     job = _submit(tmp_path, *LM)
     victim_node = _rank_worker(tmp_path, 1).split(".")[0]
