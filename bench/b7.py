@@ -168,6 +168,7 @@ def _results(events: List[Dict[str, Any]], run_dir: Path, k: int, victim: str, t
     summary = json.loads((run_dir / "summary.json").read_text())
     closed = next(s["closed"] for s in sims if s["closed"])
     last_assign = max(v[1] for s in sims for g, v in s["assigns"].items() if int(g) >= 1)
+    last_abort = max((v[1] for s in sims for g, v in s.get("aborts", {}).items() if int(g) >= 1), default=None)
     failures = [e for e in events if e["event"] == "failure_detected"]
     reformed = next(e for e in events if e["event"] == "reformed")
     detected = next(e for e in failures if e.get("worker") == victim)
@@ -181,6 +182,7 @@ def _results(events: List[Dict[str, Any]], run_dir: Path, k: int, victim: str, t
         "hb_delay_startup": marks[0], "hb_delay_steady": marks[1], "hb_delay_p99_ms": marks[1]["p99_ms"],
         "detect_ms": round(1000 * (detected["time"] - closed["t"]), 1),
         "assign_ms": round(1000 * (last_assign - closed["t"]), 1),
+        "abort_ms": None if last_abort is None else round(1000 * (last_abort - closed["t"]), 1),  # closed -> the last rank told to hold
         "reformed_ms": round(1000 * (reformed["time"] - closed["t"]), 1),
         "resumed_ms": round(1000 * (resumed["time"] - closed["t"]), 1),
         "false_failures": sum(1 for e in failures if e.get("worker") != victim),

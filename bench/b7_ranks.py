@@ -36,6 +36,7 @@ from ckptless_hpc import protocol
 from ckptless_hpc.relay import Upstream
 
 SHA = "0" * 64
+PID = os.getpid()
 EPOCH = [0.0]
 
 
@@ -60,6 +61,16 @@ class Rank:
             return self.held_step
         return min(steps, max(self.base, int((now - EPOCH[0]) * rate)))
 
+    def send_body(self, body: str) -> None:
+        """A message already written as JSON (``body`` without its closing brace: the time is
+        added here): the recovery's many held/joining/ready cost the simulated ranks no
+        json.dumps, so that the CPU they share with the coordinator stays small."""
+        if self.up is not None:
+            if not self.gone and not self.stopped:
+                self.up.forward_entry(self.wid, f'["{self.wid}",{body},"t":{time.time()}}}]'.encode(), counts_as_heard=True)
+        elif self.writer is not None and not self.writer.is_closing():
+            self.writer.write(protocol.frame(f'{body},"t":{time.time()}}}'.encode()))
+
     def send(self, msg: Dict[str, Any]) -> None:
         if self.up is not None:
             if not self.gone and not self.stopped:
@@ -79,6 +90,8 @@ class Sim:
         self.steps = 1 << 40
         self.rng = random.Random(a.index)
         self.assigns: Dict[int, List[float]] = {}  # gen -> [first, last, count] received
+        self.aborts: Dict[int, List[float]] = {}  # the same, of aborts
+        self.zero: Optional[Rank] = None  # the rank that is rank 0 here, if any (it sends the metrics)
         self.closed: Optional[Dict[str, Any]] = None
         self.t_connected: List[float] = []
 
@@ -123,15 +136,19 @@ class Sim:
         r.writer.close()
         r.writer = None
 
-    def on_message(self, r: Rank, msg: Dict[str, Any]) -> None:
-        kind, now = msg["type"], time.time()
+    def on_message(self, r: Rank, msg: Dict[str, Any], now: Optional[float] = None) -> None:
+        """``now``: when the message reached the rank's node (its relay hands a frame's entries
+        to the node's ranks at once); by default, now."""
+        kind, now = msg["type"], now or time.time()
         if kind == "config":
             self.steps = int(msg["config"]["train"]["steps"])
             r.send({"type": "built", "state_port": 1, "pid": os.getpid(), "state_bytes": 0, "params": 0, "buckets": 1, "buffers": 0})
         elif kind == "abort":
+            seen = self.aborts.setdefault(int(msg["gen"]), [now, now, 0])
+            seen[0], seen[1], seen[2] = min(seen[0], now), max(seen[1], now), seen[2] + 1
             grain = self.a.commit_every
             r.held_step, r.training = max(r.base, r.step(now, self.a.rate, self.steps) // grain * grain), False
-            r.send({"type": "held", "gen": r.gen, "abort_gen": int(msg["gen"]), "step": r.held_step, "pid": os.getpid(), "reason": "abort"})
+            r.send_body(f'{{"type":"held","gen":{r.gen},"abort_gen":{int(msg["gen"])},"step":{r.held_step},"pid":{PID},"reason":"abort"')
         elif kind == "assign":
             self.on_assign(r, msg, now)
         elif kind == "stop":
@@ -144,11 +161,13 @@ class Sim:
         seen = self.assigns.setdefault(gen, [now, now, 0])
         seen[0], seen[1], seen[2] = min(seen[0], now), max(seen[1], now), seen[2] + 1
         r.gen, r.rank = gen, int(msg["rank"]) if msg.get("rank") is not None else r.rank  # none: it keeps its rank
+        if r.rank == 0:
+            self.zero = r
         if r.held_step != target:
             src = (msg.get("sources") or [{}])[0].get("worker")
             r.send({"type": "fetched", "gen": gen, "source": src, "bytes": 0, "seconds": 0.0, "apply_s": 0.0})
-        r.send({"type": "joining", "gen": gen, "step": target})
-        r.send({"type": "ready", "gen": gen, "rank": r.rank, "pid": os.getpid(), "form_s": 0.0})
+        r.send_body(f'{{"type":"joining","gen":{gen},"step":{target}')
+        r.send_body(f'{{"type":"ready","gen":{gen},"rank":{r.rank},"pid":{PID},"form_s":0.0')
         r.base, r.t0, r.training, r.held_step = target, time.time(), True, target
         r.metrics_step = max(target, r.step(now, self.a.rate, self.steps) - 1)
 
@@ -168,11 +187,14 @@ class Sim:
                 r.send({"type": "hb", "gen": r.gen, "step": r.step(now, self.a.rate, self.steps), "training": r.training, "compute_s": 0.01})
 
     async def steps_loop(self) -> None:
-        """Rank 0's metrics for every step, and done from every rank that reached the end."""
+        """Rank 0's metrics for every step, and done from every rank that reached the end (the
+        per-rank pass only once the shared clock is near the end: it costs the simulated ranks'
+        CPU, which this machine's coordinator shares)."""
         while True:
             await asyncio.sleep(0.01)
             now = time.time()
-            for r in self.ranks:
+            near_end = (now - EPOCH[0]) * self.a.rate >= self.steps - 1
+            for r in self.ranks if near_end else [z for z in (self.zero,) if z is not None]:
                 if not r.training:
                     continue
                 s = r.step(now, self.a.rate, self.steps)
@@ -202,12 +224,13 @@ class Sim:
         by_wid = {r.wid: r for r in ranks}
 
         def deliver(wids: List[str], msg: Dict[str, Any]) -> None:
+            now = time.time()
             for wid in wids:
                 r = by_wid[wid]
                 if msg["type"] == "dropped":
                     r.gone = True
                 elif not r.gone:
-                    self.on_message(r, msg)
+                    self.on_message(r, msg, now)
             if all(r.stopped or r.gone for r in ranks):
                 up.close()
 
@@ -242,7 +265,7 @@ class Sim:
             "retried": sum(1 for r in self.ranks if r.attempts),
             "attempts_max": max((r.attempts for r in self.ranks), default=0),
             "t_first_connected": min(self.t_connected, default=None), "t_last_connected": max(self.t_connected, default=None),
-            "assigns": {str(g): v for g, v in self.assigns.items()}, "closed": self.closed, "served": len(served),
+            "assigns": {str(g): v for g, v in self.assigns.items()}, "aborts": {str(g): v for g, v in self.aborts.items()}, "closed": self.closed, "served": len(served),
         }
 
 
