@@ -7,10 +7,11 @@ echoes one rank's own log lines (``train.console_rank``), read from its log file
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 log = logging.getLogger("ckptless_hpc.progress")
 
@@ -101,3 +102,23 @@ class LogTail:
         self.offset += len(data)
         *lines, self.partial = (self.partial + data).split(b"\n")
         return [line.decode("utf-8", errors="replace").rstrip("\r") for line in lines]
+
+
+class ConsoleEcho:
+    """The console shows the log lines of whichever worker holds the console rank now:
+    ``log_path()`` names its log file (None: no such rank yet), read as it grows."""
+
+    def __init__(self, progress: Progress, log_path: Callable[[], Optional[str]], tail: Optional[LogTail] = None) -> None:
+        self.progress = progress
+        self.log_path = log_path
+        self.tail = tail or LogTail()
+
+    def once(self) -> None:
+        """Echo what was written since the last call."""
+        self.progress.echo(self.tail.read(self.log_path()))
+
+    async def follow(self, stopping: Callable[[], bool], every_s: float = 0.25) -> None:
+        """Echo every ``every_s`` until ``stopping()``."""
+        while not stopping():
+            await asyncio.sleep(every_s)
+            self.once()

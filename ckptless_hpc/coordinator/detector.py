@@ -115,6 +115,24 @@ class StragglerWindow:
         return slow
 
 
+class StragglerWatch:
+    """Which ranks became stragglers, and which stopped being, from one judgement of a
+    ``StragglerWindow`` to the next (each change is reported once, not every tick)."""
+
+    def __init__(self, window: StragglerWindow, factor: float) -> None:
+        self.window = window
+        self.factor = factor
+        self.slow: Dict[int, float] = {}  # rank -> ratio, as last judged
+
+    def judge(self, active: Mapping[int, str]) -> Tuple[Dict[int, float], List[int]]:
+        """(ranks newly slow -> ratio, ranks no longer slow) among ``active`` (rank -> worker)."""
+        slow = self.window.judge(active, self.factor, self.slow)
+        new = {r: ratio for r, ratio in slow.items() if r not in self.slow}
+        cleared = sorted(set(self.slow) - set(slow))
+        self.slow = slow
+        return new, cleared
+
+
 def stragglers(compute_s: Mapping[int, Optional[float]], factor: float) -> Dict[int, float]:
     """Ranks whose compute time (a window's: ``StragglerWindow``) exceeds ``factor`` x the
     typical rank's (lower median); ranks without a time are not judged, nor counted.

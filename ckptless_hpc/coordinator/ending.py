@@ -1,5 +1,6 @@
 """How a job ends: completed (replicas verified), failed, or stopped with its state saved once
-(no spare left, preemption, a non-finite step), and the summary.json it leaves. Mixed into
+(no spare left, preemption, a non-finite step), the messages that decide it (saved, save
+failed, non-finite, start-up error), and the summary.json it leaves. Mixed into
 ``Coordinator``; the decisions it carries out are made there and in membership.py."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any, Dict, Optional
 from ..config import fault_list
 from ..metrics import goodput
 from ..state.placement import plan_shards
+from .inbox import LoadFailed, Message, NonFinite, Saved, SaveFailed, StartupError
+from .membership import WorkerRec
 from .sharding import inventories
 from .tally import Arrivals
 
@@ -29,6 +32,27 @@ EXIT_NONFINITE = 7
 
 class Ending:
     """The end of a job."""
+
+    def _on_outcome(self, rec: WorkerRec, m: Message) -> None:
+        """Messages that end the job one way or another: saved, non-finite, start-up error."""
+        if isinstance(m, Saved) and m.shard is not None:  # one shard of a sharded emergency copy
+            self.shard_saves[m.shard] = {"path": m.path, "step": m.step, "sha256": m.sha256}
+            self._emit("state_saved", rec, step=m.step, path=m.path, shard=m.shard)
+        elif isinstance(m, Saved):
+            self.saved = {"path": m.path, "step": m.step, "sha256": m.sha256, "bytes": m.bytes, "written": m.written is not False}
+            self._emit("state_saved" if m.written is not False else "state_kept", rec, step=m.step, path=m.path, bytes=m.bytes)
+        elif isinstance(m, SaveFailed):
+            self.save_error = m.error
+            self._emit("save_failed", rec, step=m.step, path=m.path, error=m.error)
+        elif isinstance(m, LoadFailed):
+            self.fatal = self.fatal or f"the requeued job cannot resume: {m.error}"
+            self._emit("load_failed", rec, path=m.path, error=m.error)
+        elif isinstance(m, NonFinite):
+            if self.nonfinite is None:
+                self.nonfinite = {"step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "rank": m.rank, "held": m.held, "worker": rec.wid, "node": rec.node}
+                self._emit("nonfinite", rec, step=m.step, loss=m.loss, grad_norm=m.grad_norm)
+        elif isinstance(m, StartupError):
+            self.fatal = f"worker {rec.wid} on node {rec.node} failed at start-up:\n{m.traceback.rstrip()}"
 
     async def _hold_all(self, survivors: Dict[int, str]) -> Dict[str, Any]:
         """Abort the in-flight step everywhere (a new generation) and collect the committed steps."""

@@ -5,13 +5,15 @@ control connection, missed heartbeats, collective errors reported by survivors),
 the recovery protocol of DESIGN.md (decided by recovery.RecoveryMachine), keeps the spare
 pool, and writes events.jsonl and summary.json. It never sees training data or state: workers
 talk to each other.
+
+This is the shell: what rank 0's metrics mean is step_feed.py's, restart.json is restart.py's,
+stragglers and silence are detector.py's, the console echo is progress.py's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import logging
 import os
 import socket
@@ -26,16 +28,20 @@ from .. import protocol
 from . import continuity, host, inbox, messages
 from .channel import Channel, Endpoints
 from .ending import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, Ending
-from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, LoadFailed, Metrics, NonFinite, Ready, Saved, SaveFailed, StartupError, TransferFailed
-from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink, goodput
-from ..progress import LogTail, Progress, Snapshot
+from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, Metrics, Ready, TransferFailed
+from ..launch import background
+from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink
+from ..progress import ConsoleEcho, Progress
 from ..faults import KILLS, faults_from_config, spare_fault_due
-from .detector import StallMeter, StragglerWindow, silent_workers
+from .detector import StallMeter, StragglerWatch, StragglerWindow, silent_workers
 from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec, loss_kind
 from .planner import by_node, initial_ranks
 from .recovery import Abort, Assign, Emit, Exclude, GiveUp, Lose, NewGeneration, Options as RecoveryOptions, RecoveryMachine, Reformed, ReleaseCommands
+from .restart import Restart, shard_copy as _shard_copy, write as write_restart
 from .sharding import Layout
+from .step_feed import Resumed, StepFeed
 from .tally import Arrivals
+from .wakeup import Wakeup
 
 log = logging.getLogger("ckptless_hpc.coordinator")
 
@@ -69,14 +75,12 @@ class Coordinator(Channel, Ending):
         self.faults_done: Set[int] = set()
         self._injected: Set[int] = set()
         self._doomed: Set[str] = set()  # spares told to fire a fault: never promoted (their death may land late)
-        self.slow_ranks: Dict[int, float] = {}
         self.straggling = StragglerWindow()  # compute times per worker, from heartbeats (detector.py)
+        self.straggler_watch = StragglerWatch(self.straggling, c.straggler_factor)
         self.fault_times: List[float] = []
         self.steps = StepLog()  # bounded: nothing here grows with the number of steps
-        self._census: tuple = (-1.0, 0, 0)  # (when, alive ranks, spares), for the progress line
+        self.feed = StepFeed(self.steps, cfg.train.steps, self.world, lambda: self.members.census())  # step_feed.py decides
         self.recoveries: List[Recovery] = []
-        self.resuming: Optional[Recovery] = None
-        self.refills_due = 0
         self.fatal: Optional[str] = None
         self.nonfinite: Optional[Dict[str, Any]] = None  # a rank refused a non-finite step (train.on_nonfinite=stop)
         self.skipped: Dict[str, int] = {}  # steps dropped so far, by cause (rank 0's count)
@@ -92,11 +96,10 @@ class Coordinator(Channel, Ending):
         self.resume: Optional[Dict[str, Any]] = None  # emergency copy to start from (after a requeue)
         self.summary: Dict[str, Any] = {}
         self.store: Any = None
-        self._waiters: List["asyncio.Future[None]"] = []
-        self._wake_due = False
+        self.wakeup = Wakeup()
         self._t_start = clock()
         self.progress = Progress(cfg.train.steps, cfg.train.log_every)
-        self.console_tail = LogTail()
+        self.console = ConsoleEcho(self.progress, self._console_log)
         self._t_train: Optional[float] = None
         self._config: Optional[Dict[str, Any]] = None
         self.stalls = StallMeter(c.heartbeat_interval_s, clock())
@@ -127,36 +130,10 @@ class Coordinator(Channel, Ending):
     # ------------------------------------------------------------------ helpers
     def _notify(self) -> None:
         """Something changed: wake the waiters once per loop iteration, not once per message."""
-        if self._wake_due:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop (a unit test driving the decisions directly)
-            return self._wake()
-        self._wake_due = True
-        loop.call_soon(self._wake)
-
-    def _wake(self) -> None:
-        self._wake_due = False
-        for f in self._waiters:
-            if not f.done():
-                f.set_result(None)
-        self._waiters.clear()
+        self.wakeup.notify()
 
     async def _until(self, cond: Callable[[], bool], timeout_s: Optional[float]) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + timeout_s
-        while not cond():
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                return False
-            fut = loop.create_future()
-            self._waiters.append(fut)
-            try:
-                await asyncio.wait_for(fut, remaining)
-            except asyncio.TimeoutError:
-                pass
-        return True
+        return await self.wakeup.until(cond, timeout_s)
 
     def _config_dict(self) -> Dict[str, Any]:
         """The resolved config every worker is sent: resolved once, not once per connection."""
@@ -223,87 +200,38 @@ class Coordinator(Channel, Ending):
             self._emit("collective_error", rec, step=m.step, reason=m.reason)
             asyncio.ensure_future(self._reform_if_unexplained(self.gen))
 
-    def _on_outcome(self, rec: WorkerRec, m: inbox.Message) -> None:
-        """Messages that end the job one way or another: saved, non-finite, start-up error."""
-        if isinstance(m, Saved) and m.shard is not None:  # one shard of a sharded emergency copy
-            self.shard_saves[m.shard] = {"path": m.path, "step": m.step, "sha256": m.sha256}
-            self._emit("state_saved", rec, step=m.step, path=m.path, shard=m.shard)
-        elif isinstance(m, Saved):
-            self.saved = {"path": m.path, "step": m.step, "sha256": m.sha256, "bytes": m.bytes, "written": m.written is not False}
-            self._emit("state_saved" if m.written is not False else "state_kept", rec, step=m.step, path=m.path, bytes=m.bytes)
-        elif isinstance(m, SaveFailed):
-            self.save_error = m.error
-            self._emit("save_failed", rec, step=m.step, path=m.path, error=m.error)
-        elif isinstance(m, LoadFailed):
-            self.fatal = self.fatal or f"the requeued job cannot resume: {m.error}"
-            self._emit("load_failed", rec, path=m.path, error=m.error)
-        elif isinstance(m, NonFinite):
-            if self.nonfinite is None:
-                self.nonfinite = {"step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "rank": m.rank, "held": m.held, "worker": rec.wid, "node": rec.node}
-                self._emit("nonfinite", rec, step=m.step, loss=m.loss, grad_norm=m.grad_norm)
-        elif isinstance(m, StartupError):
-            self.fatal = f"worker {rec.wid} on node {rec.node} failed at start-up:\n{m.traceback.rstrip()}"
-
     def _on_metrics(self, rec: WorkerRec, m: Metrics) -> None:
-        step = m.step
         now = self.clock()
-        self.steps.add(step, m.loss, m.step_s)
-        self._emit("step", rec, step=step, loss=m.loss, lr=m.lr, grad_norm=m.grad_norm, step_s=m.step_s, skipped=m.skipped, at=now)
+        back = self.feed.on_step(m, now)
+        self._emit("step", rec, step=m.step, loss=m.loss, lr=m.lr, grad_norm=m.grad_norm, step_s=m.step_s, skipped=m.skipped, at=now)
         self.skipped = m.skipped_total or self.skipped
         if self.tensorboard is not None:
-            self.tensorboard.step(step, m.loss, m.lr, m.grad_norm, m.step_s, m.samples / m.step_s if m.samples and m.step_s > 0 else None)
+            self.tensorboard.step(m.step, m.loss, m.lr, m.grad_norm, m.step_s, m.samples / m.step_s if m.samples and m.step_s > 0 else None)
+        self._fault_a_spare(m.step)
+        if back is not None:
+            self._resumed(rec, m.step, back, now)
+        self.progress.update(self.feed.snapshot(m, now, self._t_train, len(self.recoveries), self.gen))
+
+    def _fault_a_spare(self, step: int) -> None:
+        """A kill_spare fault due at this step is sent to a connected spare, never promoted after."""
         f = spare_fault_due(self.faults, self.faults_done | self._injected, step) if self.faults else None
         spare = None if f is None else self.members.connected_spare()
         if f is not None and spare is not None:
             self._injected.add(f.index)
             self._doomed.add(spare.wid)
             self._send(spare, {"type": "inject", "index": f.index})
-        r = self.resuming
-        if r is not None and r.target_step is not None and step > r.target_step:
-            r.t_resumed = now
-            self.resuming = None
-            for _ in range(self.refills_due):
-                asyncio.ensure_future(self._refill())
-            self.refills_due = 0
-            rep = r.report()
-            self._emit("resumed", rec, step=step, downtime_s=rep["downtime_s"], at=now)
-            if self.tensorboard is not None:
-                self.tensorboard.recovery(step, rep)
-            log.info(
-                "recovered: downtime %.2fs (detect %.2f, reconfigure %.2f, transfer %.2f, resume %.2f)",
-                rep["downtime_s"], rep["detect_s"], rep["reconfigure_s"], rep["transfer_s"], rep["resume_s"],
-            )
-        self._progress(step, m)
 
-    def _progress(self, step: int, m: Metrics) -> None:
-        now = self.clock()
-        t_train = self._t_train or now
-        steps_per_s = self.steps.steps_per_s(step)
-        samples = m.samples
-        alive, spares = self._head_count(now)
-        self.progress.update(
-            Snapshot(
-                step=step,
-                total=self.cfg.train.steps,
-                loss=float(m.loss),
-                samples_per_s=samples * steps_per_s if samples else None,
-                steps_per_s=steps_per_s,
-                alive=alive,
-                world=self.world,
-                spares=spares,
-                recoveries=len(self.recoveries),
-                goodput=goodput(self.steps.productive_s, now - t_train),
-                gen=self.gen,
-            )
+    def _resumed(self, rec: WorkerRec, step: int, back: Resumed, now: float) -> None:
+        for _ in range(back.refills):
+            asyncio.ensure_future(self._refill())
+        rep = back.recovery.report()
+        self._emit("resumed", rec, step=step, downtime_s=rep["downtime_s"], at=now)
+        if self.tensorboard is not None:
+            self.tensorboard.recovery(step, rep)
+        log.info(
+            "recovered: downtime %.2fs (detect %.2f, reconfigure %.2f, transfer %.2f, resume %.2f)",
+            rep["downtime_s"], rep["detect_s"], rep["reconfigure_s"], rep["transfer_s"], rep["resume_s"],
         )
-
-    def _head_count(self, now: float) -> tuple:
-        """(alive ranks, spares) for the progress line: counted at most every 0.5 s, not per step."""
-        when, alive, spares = self._census
-        if now - when >= 0.5 or now < when:
-            alive, spares = self.members.census()
-            self._census = (now, alive, spares)
-        return alive, spares
 
     def _lost(self, rec: WorkerRec, reason: str) -> None:
         """A worker is gone (exit, lost connection, silence). Idempotent."""
@@ -357,13 +285,8 @@ class Coordinator(Channel, Ending):
 
     def _command_done(self, outcome: Dict[str, Any]) -> None:
         rec = self.workers.get(outcome.get("worker", ""))
-        kw = {k: v for k, v in outcome.items() if k not in ("job", "worker")}
-        self._emit("scheduler_command", rec, step=self.steps.last_step, **kw)
-        what = f"{outcome['action']} (node {outcome.get('node')}, Slurm step {outcome.get('slurm_step')}, gen {self.gen}, rank {rec.rank if rec else None}, at step {self.steps.last_step})"
-        if outcome["ok"]:
-            log.info("%s took %.2fs, queued %.2fs before", what, outcome["seconds"], outcome["waited_s"])
-        else:
-            log.warning("%s failed after %.2fs: %s", what, outcome["seconds"], outcome["error"])
+        self._emit("scheduler_command", rec, step=self.steps.last_step, **background.event_fields(outcome))
+        log.log(*background.describe(outcome, self.gen, rec.rank if rec else None, self.steps.last_step))
 
     def on_process_exit(self, wid: str, rc: int) -> None:
         rec = self.workers.get(wid)
@@ -402,16 +325,13 @@ class Coordinator(Channel, Ending):
 
     def _watch_stragglers(self) -> None:
         active = {r: w for r, w in self.ranks.items() if self.workers[w].role == "active"}
-        slow = self.straggling.judge(active, self.cfg.cluster.straggler_factor, self.slow_ranks)
+        slow, cleared = self.straggler_watch.judge(active)
         for r, ratio in slow.items():
-            if r not in self.slow_ranks:
-                median = self.straggling.times[active[r]]
-                self._emit("straggler", self.workers[active[r]], ratio=round(ratio, 2), compute_s=median, window=self.straggling.size)
-                log.warning("rank %d is a straggler: %.1fx slower than the typical rank (reported, not failed)", r, ratio)
-        for r in set(self.slow_ranks) - set(slow):
+            self._emit("straggler", self.workers[active[r]], ratio=round(ratio, 2), compute_s=self.straggling.times[active[r]], window=self.straggling.size)
+            log.warning("rank %d is a straggler: %.1fx slower than the typical rank (reported, not failed)", r, ratio)
+        for r in cleared:
             if r in self.ranks:
                 self._emit("straggler_recovered", self.workers[self.ranks[r]])
-        self.slow_ranks = slow
 
     async def _reform_if_unexplained(self, gen: int) -> None:
         """A survivor saw a collective fail but nobody is known dead: re-form after a grace."""
@@ -463,7 +383,7 @@ class Coordinator(Channel, Ending):
         if self.cfg.train.tensorboard:
             self.tensorboard = TensorBoardSink(os.path.join(self.run_dir, "tensorboard"))
         watch = asyncio.ensure_future(self._heartbeat_watch())
-        echo = asyncio.ensure_future(self._echo_console_rank())
+        echo = asyncio.ensure_future(self.console.follow(lambda: self.stopping))
         thresholds = gc.get_threshold()
         gc.set_threshold(*host.GC_THRESHOLDS)  # start-up builds a record and a connection per worker: fewer full collections
         try:
@@ -483,16 +403,14 @@ class Coordinator(Channel, Ending):
                 self._calls.shutdown(wait=False)
         return code
 
-    async def _echo_console_rank(self) -> None:
-        while not self.stopping:
-            await asyncio.sleep(0.25)
-            self._echo_once()
-
     def _echo_once(self) -> None:
         """Copy the new log lines of the worker now holding ``train.console_rank`` to the console."""
+        self.console.once()
+
+    def _console_log(self) -> Optional[str]:
         r = self.cfg.train.console_rank
         wid = self.ranks.get(r) if r is not None else None
-        self.progress.echo(self.console_tail.read(self.launcher.log_path(wid) if wid else None))
+        return self.launcher.log_path(wid) if wid else None
 
     async def _main(self) -> int:
         c = self.cfg.cluster
@@ -606,14 +524,11 @@ class Coordinator(Channel, Ending):
     def _reformed(self, rec: Recovery, plan: Any) -> None:
         survivors = self._survivor_continuity(rec)
         self.recoveries.append(rec)
-        self.resuming = rec
         self._emit(
             "reformed", step=plan.target_step, world=self.world, replacements=rec.replacements, bytes=rec.bytes_transferred, ranks={str(r): w for r, w in self.ranks.items()},
             at=rec.t_ready, survivors=survivors,
         )
-        # refill once the first step after the recovery is committed: a process start must not
-        # compete with that step where nodes share cores (local), and the pool is not needed sooner
-        self.refills_due += len(rec.replacements) if self.cfg.cluster.refill_spares else 0
+        self.feed.reformed(rec, len(rec.replacements) if self.cfg.cluster.refill_spares else 0)  # refilled once it resumed
 
     def _survivor_continuity(self, rec: Any) -> Dict[str, Any]:
         """Are the survivors of this recovery the processes launched for them? Measured by the
@@ -664,17 +579,12 @@ class Coordinator(Channel, Ending):
 
     def _persist(self) -> None:
         """What a requeued job needs: the emergency copy, nodes never to use again, faults fired."""
-        state = {"saved": self.saved or self.resume, "excluded_nodes": sorted(self.bad_nodes), "faults_done": sorted(self.faults_done), "batch_node": self.launcher.batch_node}
-        tmp = os.path.join(self.run_dir, "restart.json.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(state, f, indent=2)
-        os.replace(tmp, os.path.join(self.run_dir, "restart.json"))
+        write_restart(self.run_dir, Restart.of(self.saved or self.resume, self.bad_nodes, self.faults_done, self.launcher.batch_node))
 
     def restore(self, state: Dict[str, Any]) -> None:
         """Start from a previous run's restart.json (after a requeue)."""
-        self.resume = state.get("saved")
-        self.members.bad_nodes = set(state.get("excluded_nodes", []))
-        self.faults_done = set(state.get("faults_done", []))
+        r = Restart.from_json(state)
+        self.resume, self.members.bad_nodes, self.faults_done = r.saved, set(r.excluded_nodes), set(r.faults_done)
 
     async def _shutdown(self) -> None:
         for w in self.workers.values():
@@ -685,10 +595,3 @@ class Coordinator(Channel, Ending):
         await self.launcher.shutdown(self.cfg.cluster.exit_timeout_s)
         self.events.close()
 
-
-def _shard_copy(load: Optional[Dict[str, Any]], shard: Optional[int]) -> Optional[Dict[str, Any]]:
-    """A requeued sharded job: each rank loads its own shard's file of the emergency copy."""
-    if not load or shard is None or "shards" not in load:
-        return load
-    one = load["shards"].get(str(shard))
-    return None if one is None else {"path": one["path"], "sha256": one["sha256"], "step": load["step"], "shard": shard}

@@ -83,7 +83,7 @@ def test_the_step_log_of_a_coordinator_is_the_bounded_one(tmp_path):
     for step in range(1, 2001):
         c._dispatch(rec, {"type": "metrics", "step": step, "loss": 1.0, "step_s": 0.01, "gen": 0})
     assert len(c.steps) <= c.steps.window and c.steps.last_step == 2000
-    assert c.progress is not None and c._census[1] == 1
+    assert c.progress is not None and c.feed.head_count.last[1] == 1
     c.events.close()
 
 
