@@ -223,10 +223,15 @@ def metrics_cost(run_dir: Path, calls: int = 2000) -> Dict[str, Any]:
 
 
 def headline(b7: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """The keys of latest.json, from the 10,000-rank point (None where there is none)."""
-    p = next((q for q in (b7 or {}).get("points", []) if q["ranks"] == 10000), None)
+    """The keys of latest.json, from the 10,000-rank points: ``b7_<figure>_10k`` with relays
+    (cluster.control=node, the configuration for jobs this large), ``b7_<figure>_10k_rank``
+    with a connection per rank (None where there is none)."""
+    points = (b7 or {}).get("points", [])
     keys = ("cpu_pct", "hb_delay_p99_ms", "assign_ms", "startup_lost", "false_failures")
-    out: Dict[str, Any] = {f"b7_{k}_10k": (p[k] if p else None) for k in keys}
+    out: Dict[str, Any] = {}
+    for control, suffix in (("node", ""), ("rank", "_rank")):
+        p = next((q for q in points if q["ranks"] == 10000 and q.get("control", "rank") == control), None)
+        out.update({f"b7_{k}_10k{suffix}": (p[k] if p else None) for k in keys})
     out["b7_metrics_ratio_1m_vs_1k"] = (b7 or {}).get("metrics", {}).get("ratio_1m_vs_1k")
     return out
 
@@ -238,10 +243,10 @@ def one_line(p: Dict[str, Any]) -> str:
 
 def table(b7: Dict[str, Any]) -> str:
     """The issue's table, in Markdown."""
-    out = ["| ranks | coordinator CPU | heartbeat delay p99 | closed -> last `assign` | -> re-formed | start-up (lost) | false failures |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+    out = ["| ranks | control | coordinator CPU | heartbeat delay p99 | closed -> last `assign` | -> re-formed | start-up (lost) | false failures |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in b7["points"]:
-        out.append(f"| {p['ranks']:,} | {p['cpu_pct']:.1f} % | {p['hb_delay_p99_ms']:.0f} ms | {p['assign_ms']:.0f} ms | {p['reformed_ms']:.0f} ms | "
+        out.append(f"| {p['ranks']:,} | {p.get('control', 'rank')} | {p['cpu_pct']:.1f} % | {p['hb_delay_p99_ms']:.0f} ms | {p['assign_ms']:.0f} ms | {p['reformed_ms']:.0f} ms | "
                    f"{p['startup_s']:.1f} s ({p['startup_lost']}) | {p['false_failures']} |")
     m = b7.get("metrics")
     if m:

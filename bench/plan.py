@@ -53,6 +53,7 @@ class Plan:
     b7_ranks: Tuple[int, ...] = (1000, 4000, 10000)  # simulated ranks (bench/b7.py)
     b7_wpn: int = 8  # ranks per simulated node
     b7_steady_s: float = 20.0  # the window in which CPU and heartbeat delay are measured
+    b7_controls: Tuple[str, ...] = ("node", "rank")  # cluster.control: each world size with relays (one connection per node) and without
     b8_size: str = "tiny"  # B8 (bench/b8.py): sharded state
     b8_steps: int = 30
     b8_reps: int = 1

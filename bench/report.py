@@ -128,7 +128,7 @@ def b7_rows(b7: Optional[Dict[str, Any]]) -> List[List[str]]:
         met = [p["cpu_pct"] <= t["cpu_pct"], p["hb_delay_p99_ms"] <= t["hb_delay_p99_ms"], p["assign_ms"] <= t["assign_ms"],
                p["startup_lost"] == 0, p["false_failures"] == 0]
         rows_.append([
-            f"B7 coordinator, {p['ranks']:,} simulated ranks",
+            f"B7 coordinator, {p['ranks']:,} simulated ranks, control={p.get('control', 'rank')}",
             f"CPU {p['cpu_pct']:.1f}% of a core; heartbeat delay p99 {p['hb_delay_p99_ms']:.0f} ms; closed -> last assign {p['assign_ms']:.0f} ms, "
             f"re-formed {p['reformed_ms']:.0f} ms; start-up {p['startup_s']:.1f}s, {p['startup_lost']} lost; {p['false_failures']} false failures",
             f"at 10k: <={t['cpu_pct']:.0f}%, <={t['hb_delay_p99_ms']:.0f} ms, <={t['assign_ms']:.0f} ms, 0 lost, 0 false",

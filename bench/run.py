@@ -399,10 +399,11 @@ class Bench:
         p = self.plan
         points = []
         for n in p.b7_ranks:
-            log(f"B7 coordinator at scale: {n} simulated ranks ({p.b7_wpn} per node), steady window {p.b7_steady_s:.0f}s")
-            t0 = time.monotonic()
-            points.append(b7lib.run_point(n, p.b7_wpn, p.b7_steady_s, self.rundir(f"b7-{n}")))
-            log(f"  b7-{n}: {time.monotonic() - t0:.0f}s: " + b7lib.one_line(points[-1]))
+            for control in p.b7_controls:  # side by side: the same world size with and without relays
+                log(f"B7 coordinator at scale: {n} simulated ranks ({p.b7_wpn} per node), cluster.control={control}, steady window {p.b7_steady_s:.0f}s")
+                t0 = time.monotonic()
+                points.append(b7lib.run_point(n, p.b7_wpn, p.b7_steady_s, self.rundir(f"b7-{n}-{control}"), control=control))
+                log(f"  b7-{n}-{control}: {time.monotonic() - t0:.0f}s: " + b7lib.one_line(points[-1]))
         metrics = b7lib.metrics_cost(self.rundir("b7-metrics"))
         log(f"  b7 metrics message: {metrics['at_1k_us']} us at step 1k, {metrics['at_1m_us']} us at step 1M")
         return {"points": points, "metrics": metrics, "targets": b7lib.TARGETS}
