@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List
 
 from .. import protocol
 from ..relay import DOWN, Batcher, entry
@@ -27,13 +27,16 @@ class Channel:
             await protocol.aserver_handshake(reader, writer, self.secret, timeout_s=5.0)
             hello = await asyncio.wait_for(protocol.arecv_msg(reader), 30.0)
             if hello.get("type") == "relay":
-                return await self._serve_relay(hello, reader, writer)
-            rec = self._accept_hello(hello, writer)
-            await self._store_ready.wait()
+                link = self._accept_relay(hello, writer)
+            else:
+                rec = self._accept_hello(hello, writer)
+                await self._store_ready.wait()
         except (protocol.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, KeyError, ValueError, TypeError) as e:
             self._reject(peer, e)
             writer.close()
             return
+        if hello.get("type") == "relay":
+            return await self._serve_relay(link, reader, writer)
         # it says nothing more until it has its config: from here on, frames are read as they arrive
         closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
         frames = rec.reader = protocol.FrameProtocol(lambda m: self._on_frame(rec, m), lambda why: closed.done() or closed.set_result(why))
@@ -69,12 +72,15 @@ class Channel:
         rec.outbox.clear()
 
     # ------------------------------------------------------------------ a node's relay (relay.py)
-    async def _serve_relay(self, first: Dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _accept_relay(self, first: Dict[str, Any], writer: asyncio.StreamWriter) -> "RelayLink":
         node = str(first.get("node"))
         if f"{node}.0" not in self.workers:  # workers are <node>.<local index>
             raise protocol.ProtocolError(f"a relay for node {node!r}, which this job did not start")
-        link = RelayLink(node, writer)
         self._emit("relay_connected", node=node, pid=first.get("pid"), host=first.get("host"))
+        return RelayLink(node, writer)
+
+    async def _serve_relay(self, link: "RelayLink", reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        node = link.node
         closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
         link.reader = protocol.FrameProtocol(lambda m: self._on_relay_frame(link, m), lambda why: closed.done() or closed.set_result(why))
         link.reader.take_over(reader, writer)
@@ -99,9 +105,15 @@ class Channel:
 
     def _on_relayed(self, link: "RelayLink", wid: str, m: Dict[str, Any]) -> None:
         if m["type"] == "hello":
-            if m.get("node") != link.node:
-                raise protocol.ProtocolError(f"node {link.node}'s relay spoke for {wid}")
-            rec = link.recs[wid] = self._accept_hello(m, RelayedWriter(link, wid))
+            try:
+                if m.get("node") != link.node or wid != f"{m.get('node')}.{m.get('local')}":
+                    raise protocol.ProtocolError(f"node {link.node}'s relay spoke for {wid} as {m.get('node')}.{m.get('local')}")
+                rec = self._accept_hello(m, RelayedWriter(link, wid))
+            except (protocol.ProtocolError, KeyError, ValueError, TypeError) as e:  # that worker is refused, not its node
+                self._reject(f"{wid} through node {link.node}'s relay", e)
+                link.put(wid, protocol.encode_body({"type": "dropped", "why": f"refused: {e}"[:500]}))
+                return
+            link.recs[wid] = rec
             rec.reader = link.reader
             if self._store_ready.is_set():
                 self._welcome(rec)
@@ -149,7 +161,7 @@ class Channel:
             self._dispatch(rec, msg)
         except (KeyError, ValueError, TypeError) as e:
             log.error("gen=%s rank=%s node=%s: malformed %r message from %s (%s: %s); closing its connection", self.gen, rec.rank, rec.node, msg.get("type"), rec.wid, type(e).__name__, e)
-            rec.writer.close()
+            self._lost(rec, f"malformed {msg.get('type')!r} message ({type(e).__name__}: {e})")
         self._notify()
 
     def _send(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
@@ -246,9 +258,6 @@ class RelayedWriter:
             self.link.put(self.wid, protocol.encode_body({"type": "dropped", "why": why[:500]}))
             self.link.recs.pop(self.wid, None)
             self._closed = True
-
-    def close(self) -> None:
-        self.drop("closed by the coordinator")
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.link.writer.get_extra_info(name, default)

@@ -77,3 +77,63 @@ def test_a_rankless_assign_and_the_checks_parse_keeps():
         inbox.parse({"type": "ready", "gen": None})
     held = inbox.parse({"type": "held", "gen": 1, "abort_gen": 2, "step": 40, "reason": "abort"})
     assert (held.gen, held.abort_gen, held.step, held.pid) == (1, 2, 40, None)
+
+
+def test_the_coordinator_reads_a_relay_link(tmp_path):
+    """The coordinator's side of a relay (coordinator/channel.py), driven with frames and a
+    writer that only collects (no socket): hellos accepted, a bad one refused without the
+    node, ages from the summary, a gone worker lost, what is sent batched per loop iteration."""
+    import asyncio
+
+    from ckptless_hpc.coordinator.channel import RelayLink, RelayedWriter
+    from ckptless_hpc.coordinator.server import Coordinator
+    from coordlib import FakeWriter, NoLauncher, cfg
+
+    class LinkWriter(FakeWriter):
+        def get_extra_info(self, name, default=None):
+            return default
+
+    def down(frames):
+        return [e for f in frames for e in _decode(f)["m"]]
+
+    async def go() -> None:
+        c = Coordinator(cfg("task=mlp", "cluster.nodes=2", "cluster.workers_per_node=2", "cluster.control=node"), str(tmp_path), NoLauncher(), "s" * 64, "job-relay")
+        c.members.add_node("local1", "active")
+        c._store_ready = asyncio.Event()
+        c._store_ready.set()
+        c.store_addr = "127.0.0.1:1"
+        w = LinkWriter()
+        link = c._accept_relay({"type": "relay", "node": "local1", "pid": 9, "host": "h"}, w)
+        assert isinstance(link, RelayLink)
+        with pytest.raises(protocol.ProtocolError, match="did not start"):
+            c._accept_relay({"type": "relay", "node": "elsewhere"}, LinkWriter())
+        hello = {"type": "hello", "node": "local1", "pid": 5, "host": "127.0.0.1"}
+        c._on_relay_frame(link, {"type": "up", "m": [["local1.0", dict(hello, local=0)], ["local1.1", dict(hello, local=1)],
+                                                     ["local1.1", dict(hello, local=1)]]})  # the third: already connected
+        await asyncio.sleep(0)
+        assert set(link.recs) == {"local1.0", "local1.1"} and isinstance(c.workers["local1.0"].writer, RelayedWriter)
+        sent = down(w.frames)
+        assert len(w.frames) == 1  # the two configs and the refusal: one frame
+        assert [(t, m["type"]) for t, m in sent] == [("local1.0", "config"), ("local1.1", "config"), ("local1.1", "dropped")]
+        c.events.close()
+        rejected = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines() if '"connection_rejected"' in line]
+        assert len(rejected) == 1 and "local1.1" in rejected[0]["peer"], rejected
+        c.events = type(c.events)(str(tmp_path / "events.jsonl"), "job-relay", c.clock)
+
+        rec = c.workers["local1.0"]
+        now = c.clock()
+        rec.last_seen = now - 10.0  # last heard long ago, as far as the coordinator knows
+        c._on_relay_frame(link, {"type": "hbs", "t": now, "w": {"local1.0": [2.0, 40, 0.01], "local1.1": [0.1, None, None], "ghost.0": [0.0, 1, 1]}})
+        assert now - 2.5 < rec.last_seen < now - 1.5  # its age at the relay, not the summary's arrival
+        c._on_relay_frame(link, {"type": "hbs", "t": now, "w": {"local1.0": [5.0, None, None]}})
+        assert rec.last_seen > now - 2.5  # an older age never moves it back
+        w.frames.clear()
+        c._broadcast(["local1.0", "local1.1"], {"type": "abort", "gen": 1})
+        await asyncio.sleep(0)
+        assert down(w.frames) == [[["local1.0", "local1.1"], {"type": "abort", "gen": 1}]]  # one entry for the node
+
+        c._on_relay_frame(link, {"type": "up", "m": [["local1.1", {"type": "gone", "why": "control connection closed (EOF)"}]]})
+        assert c.workers["local1.1"].role == "dead" and "local1.1" not in link.recs
+        c.events.close()
+
+    asyncio.run(go())
