@@ -201,6 +201,7 @@ class Relay:
     def __init__(self, node: str, coordinator: str, path: str, secret: str, interval_s: float, host: str) -> None:
         self.node, self.coordinator, self.path, self.secret, self.host = node, coordinator, path, secret, host
         self.local: Dict[str, asyncio.StreamWriter] = {}
+        self.stopped: set = set()  # workers the coordinator told to stop (the job is over)
         self.up = Upstream(node, interval_s, self._deliver, self._lost_coordinator)
         self.done: "asyncio.Future[str]"
 
@@ -238,7 +239,11 @@ class Relay:
         self.up.forward(wid, hello)
         closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
         protocol.FrameProtocol(lambda m: self.up.forward(wid, m), lambda why: closed.done() or closed.set_result(why)).take_over(reader, writer)
-        why = await closed
+        try:
+            why = await closed
+        except asyncio.CancelledError:  # the relay is ending (asyncio.run cancels what is left): nothing to report
+            writer.close()
+            return
         if self.local.get(wid) is writer:
             del self.local[wid]
             self.up.gone(wid, f"control connection closed ({why})")
@@ -246,6 +251,8 @@ class Relay:
 
     def _deliver(self, workers: List[str], msg: Dict[str, Any]) -> None:
         frame = protocol.encode(msg)
+        if msg.get("type") == "stop":
+            self.stopped.update(workers)
         for wid in workers:
             w = self.local.get(wid)
             if w is None or w.is_closing():
@@ -256,7 +263,10 @@ class Relay:
                 w.close()
 
     def _lost_coordinator(self, why: str) -> None:
-        log.error("node %s: lost the coordinator (%s); closing the workers' connections", self.node, why)
+        if self.stopped and set(self.local) <= self.stopped:
+            log.info("node %s: the job is over (the coordinator closed its connection after the stops)", self.node)
+        else:
+            log.error("node %s: lost the coordinator (%s); closing the workers' connections", self.node, why)
         if not self.done.done():
             self.done.set_result(why)
 

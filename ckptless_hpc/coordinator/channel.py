@@ -20,6 +20,7 @@ class Channel:
     """Mixed into ``Coordinator``: reads frames into ``_on_frame`` and sends its messages."""
 
     workers: Dict[str, WorkerRec]
+    relays: Dict[str, "RelayLink"]
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -77,7 +78,13 @@ class Channel:
         if f"{node}.0" not in self.workers:  # workers are <node>.<local index>
             raise protocol.ProtocolError(f"a relay for node {node!r}, which this job did not start")
         self._emit("relay_connected", node=node, pid=first.get("pid"), host=first.get("host"))
-        return RelayLink(node, writer)
+        link = self.relays[node] = RelayLink(node, writer)
+        return link
+
+    def _close_relays(self) -> None:
+        """The job is over: what was written to the relays goes out, then their connections close."""
+        for link in self.relays.values():
+            link.writer.close()
 
     async def _serve_relay(self, link: "RelayLink", reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         node = link.node

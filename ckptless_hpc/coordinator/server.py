@@ -105,6 +105,7 @@ class Coordinator(Channel, Ending):
         self.stalls = StallMeter(c.heartbeat_interval_s, clock())
         self.hb_delay = DelayHistogram()  # heartbeat sent (worker's clock) -> read here
         self._calls: Optional[ThreadPoolExecutor] = None  # launcher calls that wait for the scheduler
+        self.relays: Dict[str, Any] = {}  # node -> its relay's link (cluster.control=node; channel.py)
 
     # ------------------------------------------------------------------ membership (membership.py decides)
     @property
@@ -592,6 +593,8 @@ class Coordinator(Channel, Ending):
                 self._send(w, {"type": "stop"})
             elif w.writer is None:  # still starting: it cannot hear a stop
                 self.launcher.kill_worker(w.wid)
+        await asyncio.sleep(0)  # the stops leave (a relay's batch is written once per loop iteration)
+        self._close_relays()  # then each relay passes them on and exits: its node's step can end
         await self.launcher.shutdown(self.cfg.cluster.exit_timeout_s)
         self.events.close()
 

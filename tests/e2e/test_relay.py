@@ -41,6 +41,8 @@ def test_relayed_workers_train_and_recover_bitwise(job, baseline):
     assert rec["failed_ranks"] == [1] and rec["replacements"] == {"1": "local2.0"} and rec["survivors_restarted"] == 0
     steps = {e["worker"] for e in res.of("step")}
     assert steps == {"local0.0"}  # rank 0, the killed worker's neighbour behind the same relay, never stopped
+    relay_log = (res.run_dir / "logs" / "relay-local0.log").read_text()
+    assert "the job is over" in relay_log and "Traceback" not in relay_log and "ERROR" not in relay_log, relay_log  # told the stops, then closed
 
     hung = job(*MLP2, *FAST_HB, NODE, "fault=hang", "fault.rank=2", "fault.step=20")
     assert hung.rc == 0, hung.out
