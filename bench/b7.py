@@ -104,7 +104,8 @@ def _stop(procs: List[subprocess.Popen], timeout_s: float) -> None:
             p.wait(timeout=10)
 
 
-def run_point(ranks: int, wpn: int, steady_s: float, run_dir: Path, rate: float = 100.0, interval_s: float = 0.5, control: str = "rank") -> Dict[str, Any]:
+def run_point(ranks: int, wpn: int, steady_s: float, run_dir: Path, rate: float = 100.0, interval_s: float = 0.5, control: str = "rank",
+              per_process: int = RANKS_PER_PROCESS) -> Dict[str, Any]:
     """One world size: start-up burst, steady window, one rank's connection closed, recovery.
     ``control``: cluster.control, a connection per rank or one per node (its relay)."""
     nodes = ranks // wpn
@@ -118,7 +119,7 @@ def run_point(ranks: int, wpn: int, steady_s: float, run_dir: Path, rate: float 
         coord = subprocess.Popen(coord_argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     sims: List[subprocess.Popen] = []
     try:
-        return dict(_measure(coord, sims, ranks, nodes, wpn, steady_s, run_dir, env, rate, interval_s, control), control=control)
+        return dict(_measure(coord, sims, ranks, nodes, wpn, steady_s, run_dir, env, rate, interval_s, control, per_process), control=control)
     finally:
         if coord.poll() is None:
             coord.send_signal(signal.SIGTERM)
@@ -126,9 +127,9 @@ def run_point(ranks: int, wpn: int, steady_s: float, run_dir: Path, rate: float 
 
 
 def _measure(coord: subprocess.Popen, sims: List[subprocess.Popen], ranks: int, nodes: int, wpn: int, steady_s: float, run_dir: Path,
-             env: Dict[str, str], rate: float, interval_s: float, control: str) -> Dict[str, Any]:
+             env: Dict[str, str], rate: float, interval_s: float, control: str, per_process: int) -> Dict[str, Any]:
     address = _wait_file(run_dir / "address.json", 120, coord)["address"]
-    k = max(2, math.ceil(ranks / RANKS_PER_PROCESS))
+    k = max(2, math.ceil(ranks / per_process))
     victim_node = nodes // 2
     victim = f"sim{victim_node}.0"
     t_burst = time.time()
@@ -264,8 +265,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--steady-s", type=float, default=60.0)
     ap.add_argument("--run-dir", type=Path, default=REPO / "bench" / "results" / "tmp" / "b7-soak")
     ap.add_argument("--control", choices=("rank", "node"), default="rank", help="cluster.control: a connection per rank, or per node (its relay)")
+    ap.add_argument("--ranks-per-process", type=int, default=RANKS_PER_PROCESS, help="simulated ranks carried by each b7_ranks process (at least 2 processes)")
     a = ap.parse_args(argv)
-    res = run_point(a.ranks, a.wpn, a.steady_s, a.run_dir, control=a.control)
+    res = run_point(a.ranks, a.wpn, a.steady_s, a.run_dir, control=a.control, per_process=a.ranks_per_process)
     print(json.dumps(res, indent=2))
     print(one_line(res))
     return 0

@@ -77,6 +77,8 @@ class Channel:
         node = str(first.get("node"))
         if f"{node}.0" not in self.workers:  # workers are <node>.<local index>
             raise protocol.ProtocolError(f"a relay for node {node!r}, which this job did not start")
+        if node in self.relays and not self.relays[node].writer.is_closing():
+            raise protocol.ProtocolError(f"a second relay for node {node!r} while its first is connected")
         self._emit("relay_connected", node=node, pid=first.get("pid"), host=first.get("host"))
         link = self.relays[node] = RelayLink(node, writer)
         return link

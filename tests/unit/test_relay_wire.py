@@ -107,6 +107,8 @@ def test_the_coordinator_reads_a_relay_link(tmp_path):
         assert isinstance(link, RelayLink)
         with pytest.raises(protocol.ProtocolError, match="did not start"):
             c._accept_relay({"type": "relay", "node": "elsewhere"}, LinkWriter())
+        with pytest.raises(protocol.ProtocolError, match="second relay"):
+            c._accept_relay({"type": "relay", "node": "local1"}, LinkWriter())
         hello = {"type": "hello", "node": "local1", "pid": 5, "host": "127.0.0.1"}
         c._on_relay_frame(link, {"type": "up", "m": [["local1.0", dict(hello, local=0)], ["local1.1", dict(hello, local=1)],
                                                      ["local1.1", dict(hello, local=1)]]})  # the third: already connected
