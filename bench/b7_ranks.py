@@ -67,7 +67,7 @@ class Rank:
         json.dumps, so that the CPU they share with the coordinator stays small."""
         if self.up is not None:
             if not self.gone and not self.stopped:
-                self.up.forward_entry(self.wid, f'["{self.wid}",{body},"t":{time.time()}}}]'.encode(), counts_as_heard=True)
+                self.up.forward_entry(self.wid, f'["{self.wid}",{body},"t":{time.time()}}}]'.encode())
         elif self.writer is not None and not self.writer.is_closing():
             self.writer.write(protocol.frame(f'{body},"t":{time.time()}}}'.encode()))
 

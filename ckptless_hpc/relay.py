@@ -154,10 +154,9 @@ class Upstream:
         if self._up is not None:
             self._up.put(message_entry(worker, msg))
 
-    def forward_entry(self, worker: str, encoded: bytes, counts_as_heard: bool = True) -> None:
+    def forward_entry(self, worker: str, encoded: bytes) -> None:
         """A message already encoded as its batch entry (``message_entry``), not a heartbeat."""
-        if counts_as_heard:
-            self._heard[worker] = time.monotonic()
+        self._heard[worker] = time.monotonic()
         if self._up is not None:
             self._up.put(encoded)
 
