@@ -4,7 +4,6 @@ sbatch/srun lines printed; nothing is launched."""
 from __future__ import annotations
 
 import shlex
-import sys
 from typing import Any, List
 
 
@@ -35,11 +34,10 @@ def placement(cfg: Any) -> List[str]:
 
 def slurm_lines(cfg: Any, run_dir: str) -> List[str]:
     from ..slurm import render
-    from .slurm import shape_from_config
+    from .slurm import node_step_argv, shape_from_config
 
     shape = shape_from_config(cfg, run_dir)
-    command = [sys.executable, "-m", "ckptless_hpc.worker", "--coordinator", "BATCHHOST:PORT", "--node", "NODE", "--local-index", "slurm", "--host", cfg.cluster.bind_host]
-    srun = render.srun_worker_argv("NODE", cfg.cluster.workers_per_node, command, job_id=None, log_path=f"{run_dir}/logs/NODE.%t.log", gpus_per_node=cfg.cluster.gpus_per_node, cpus_per_task=cfg.cluster.cpus_per_task)
+    srun = node_step_argv(cfg, "NODE", cfg.cluster.workers_per_node, "BATCHHOST:PORT", None, f"{run_dir}/logs/NODE.%t.log")
     return [
         "sbatch (the coordinator's job, submitted through submitit):",
         *("  " + line for line in render.sbatch_header(shape)),

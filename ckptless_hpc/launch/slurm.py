@@ -56,6 +56,20 @@ def shape_from_config(cfg: Any, run_dir: str) -> render.SlurmShape:
     )
 
 
+def node_step_argv(cfg: Any, node: str, workers: int, coordinator: str, job_id: Optional[str], log_path: str) -> List[str]:
+    """The srun of one node's step: its workers, and with ``cluster.control=node`` one more
+    task, the last, the node's relay (slurm/node_task.py), sharing the step's CPUs with the
+    workers (--overcommit) rather than asking for one of its own."""
+    c = cfg.cluster
+    if c.control == "node":
+        command = [sys.executable, "-m", "ckptless_hpc.slurm.node_task", "--coordinator", coordinator, "--node", node, "--interval", str(c.heartbeat_interval_s), "--host", c.bind_host]
+        tasks, extra = workers + 1, ["--overcommit"]
+    else:
+        command = [sys.executable, "-m", "ckptless_hpc.worker", "--coordinator", coordinator, "--node", node, "--local-index", "slurm", "--host", c.bind_host]
+        tasks, extra = workers, []
+    return render.srun_worker_argv(node, tasks, command, job_id=job_id, log_path=log_path, gpus_per_node=c.gpus_per_node, cpus_per_task=c.cpus_per_task, extra=extra)
+
+
 def submit(cfg: Any, run_dir: str) -> Dict[str, Any]:
     """Submit the job (or, with cluster.submit=false, run it in the current allocation)."""
     from omegaconf import OmegaConf
@@ -256,19 +270,7 @@ class SlurmLauncher(Launcher):
         return os.path.join(self.log_dir, f"{worker}.log")
 
     async def start_node(self, name: str, workers: int, coordinator: str, on_exit: Any) -> List[str]:
-        c = self.cfg.cluster
-        tasks, extra = workers, []
-        if c.control == "node":
-            # one more task, the last: the node's relay (slurm/node_task.py); it shares the
-            # step's CPUs with the workers (--overcommit) rather than asking for one of its own
-            command = [sys.executable, "-m", "ckptless_hpc.slurm.node_task", "--coordinator", coordinator, "--node", name, "--interval", str(c.heartbeat_interval_s), "--host", c.bind_host]
-            tasks, extra = workers + 1, ["--overcommit"]
-        else:
-            command = [sys.executable, "-m", "ckptless_hpc.worker", "--coordinator", coordinator, "--node", name, "--local-index", "slurm", "--host", c.bind_host]
-        argv = render.srun_worker_argv(
-            name, tasks, command, job_id=self.job_id, log_path=os.path.join(self.log_dir, f"{name}.%t.log"), gpus_per_node=c.gpus_per_node, cpus_per_task=c.cpus_per_task,
-            extra=extra,
-        )
+        argv = node_step_argv(self.cfg, name, workers, coordinator, self.job_id, os.path.join(self.log_dir, f"{name}.%t.log"))
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.cfg.train.threads))
         env[SECRET_ENV] = self.secret  # the step's environment, never its command line
         with open(os.path.join(self.log_dir, f"srun-{name}.log"), "ab") as out:

@@ -139,3 +139,15 @@ def test_the_coordinator_reads_a_relay_link(tmp_path):
         c.events.close()
 
     asyncio.run(go())
+
+
+def test_a_relayed_slurm_step_has_one_more_task_the_relay():
+    from ckptless_hpc.launch.slurm import node_step_argv
+    from coordlib import cfg
+
+    relayed = node_step_argv(cfg("cluster=slurm", "cluster.workers_per_node=4", "cluster.control=node"), "n7", 4, "10.0.0.1:5000", "123", "/r/logs/n7.%t.log")
+    assert "--ntasks=5" in relayed and "--overcommit" in relayed and "--nodelist=n7" in relayed
+    command = relayed[relayed.index("--") + 1:]
+    assert command[1:3] == ["-m", "ckptless_hpc.slurm.node_task"] and "10.0.0.1:5000" in command
+    plain = node_step_argv(cfg("cluster=slurm", "cluster.workers_per_node=4"), "n7", 4, "10.0.0.1:5000", "123", "/r/logs/n7.%t.log")
+    assert "--ntasks=4" in plain and "--overcommit" not in plain and "ckptless_hpc.worker" in plain
