@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import json
 import os
 import random
-import secrets
 import signal
 import sys
 import time
@@ -99,15 +97,10 @@ class Sim:
     async def _attempt(self, r: Rank, wait_s: float) -> None:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), wait_s)
         try:
-            challenge = await asyncio.wait_for(protocol.arecv_msg(reader), wait_s)
-            mine = secrets.token_hex(16)
-            writer.write(protocol.encode({"type": "auth", "mac": protocol.mac(self.secret, challenge["nonce"]), "nonce": mine}))
-            reply = await asyncio.wait_for(protocol.arecv_msg(reader), wait_s)
+            await protocol.aclient_handshake(reader, writer, self.secret, wait_s)
         except BaseException:
             writer.close()
             raise
-        if not hmac.compare_digest(str(reply.get("mac")), protocol.mac(self.secret, mine, "server")):
-            raise protocol.ProtocolError("the server did not prove it knows the job secret")
         r.reader, r.writer = reader, writer
 
     async def connect(self, r: Rank) -> bool:

@@ -20,7 +20,7 @@ import secrets
 import socket
 import struct
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 MAX_FRAME = 1 << 20
 AUTH_FRAME = 1024  # an unauthenticated peer may send this much, no more
@@ -182,6 +182,13 @@ def attempt_wait_s(attempt: int, first_s: float = 10.0, cap_s: float = 30.0) -> 
     return min(cap_s, first_s * (2 ** min(attempt, 30)))
 
 
+def _unreachable(host: str, port: int, timeout_s: float, errors: List[str]) -> ConnectionError:
+    return ConnectionError(
+        f"could not reach {host}:{port} within {timeout_s:.0f}s ({len(errors)} attempts: {', '.join(sorted(set(errors)))}). "
+        "HINT: check that the coordinator is running and that this node can reach cluster.bind_host"
+    )
+
+
 def connect_paced(host: str, port: int, secret: str, timeout_s: float = 120.0, first_wait_s: float = 10.0, rng: Optional[random.Random] = None) -> socket.socket:
     """Connect to a server that thousands of clients reach at once (the coordinator).
 
@@ -203,10 +210,7 @@ def connect_paced(host: str, port: int, secret: str, timeout_s: float = 120.0, f
         if time.monotonic() + pause >= deadline:
             break
         time.sleep(pause)
-    raise ConnectionError(
-        f"could not reach {host}:{port} within {timeout_s:.0f}s ({len(errors)} attempts: {', '.join(sorted(set(errors)))}). "
-        "HINT: check that the coordinator is running and that this node can reach cluster.bind_host"
-    )
+    raise _unreachable(host, port, timeout_s, errors)
 
 
 # ---------------------------------------------------------------------------- asyncio side
@@ -259,10 +263,7 @@ async def aconnect_paced(host: str, port: int, secret: str, timeout_s: float = 1
         if time.monotonic() + pause >= deadline:
             break
         await asyncio.sleep(pause)
-    raise ConnectionError(
-        f"could not reach {host}:{port} within {timeout_s:.0f}s ({len(errors)} attempts: {', '.join(sorted(set(errors)))}). "
-        "HINT: check that the coordinator is running and that this node can reach cluster.bind_host"
-    )
+    raise _unreachable(host, port, timeout_s, errors)
 
 
 def connect_unix(path: str, secret: str, timeout_s: float = 60.0) -> socket.socket:

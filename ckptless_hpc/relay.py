@@ -147,12 +147,11 @@ class Upstream:
 
     def forward(self, worker: str, msg: Dict[str, Any]) -> None:
         """A worker's message: a heartbeat is folded into the next summary, the rest leaves now."""
-        self._heard[worker] = time.monotonic()
         if msg.get("type") == "hb":
+            self._heard[worker] = time.monotonic()
             self._beat[worker] = [msg.get("step"), msg.get("compute_s")]
             return
-        if self._up is not None:
-            self._up.put(message_entry(worker, msg))
+        self.forward_entry(worker, message_entry(worker, msg))
 
     def forward_entry(self, worker: str, encoded: bytes) -> None:
         """A message already encoded as its batch entry (``message_entry``), not a heartbeat."""

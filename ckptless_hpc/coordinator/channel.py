@@ -27,16 +27,15 @@ class Channel:
         try:
             await protocol.aserver_handshake(reader, writer, self.secret, timeout_s=5.0)
             hello = await asyncio.wait_for(protocol.arecv_msg(reader), 30.0)
-            if hello.get("type") == "relay":
-                link = self._accept_relay(hello, writer)
-            else:
+            link = self._accept_relay(hello, writer) if hello.get("type") == "relay" else None
+            if link is None:
                 rec = self._accept_hello(hello, writer)
                 await self._store_ready.wait()
         except (protocol.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, KeyError, ValueError, TypeError) as e:
             self._reject(peer, e)
             writer.close()
             return
-        if hello.get("type") == "relay":
+        if link is not None:
             return await self._serve_relay(link, reader, writer)
         # it says nothing more until it has its config: from here on, frames are read as they arrive
         closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
@@ -86,6 +85,7 @@ class Channel:
     def _close_relays(self) -> None:
         """The job is over: what was written to the relays goes out, then their connections close."""
         for link in self.relays.values():
+            link.flush()
             link.writer.close()
 
     async def _serve_relay(self, link: "RelayLink", reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -240,6 +240,10 @@ class RelayLink:
 
     def put(self, target: Any, body: bytes) -> None:
         self._down.put(entry(target, body))
+
+    def flush(self) -> None:
+        """Write what waits for the end of this loop iteration now."""
+        self._down.flush()
 
     def _write(self, frame: bytes) -> None:
         if not self.writer.is_closing():

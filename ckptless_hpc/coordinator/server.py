@@ -593,8 +593,7 @@ class Coordinator(Channel, Ending):
                 self._send(w, {"type": "stop"})
             elif w.writer is None:  # still starting: it cannot hear a stop
                 self.launcher.kill_worker(w.wid)
-        await asyncio.sleep(0)  # the stops leave (a relay's batch is written once per loop iteration)
-        self._close_relays()  # then each relay passes them on and exits: its node's step can end
+        self._close_relays()  # the stops leave now, then each relay passes them on and exits: its node's step can end
         await self.launcher.shutdown(self.cfg.cluster.exit_timeout_s)
         self.events.close()
 

@@ -9,12 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from ckpt_testlib import REPO, JobResult
+from ckpt_testlib import REPO, JobResult, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
@@ -52,17 +51,13 @@ def test_relayed_workers_train_and_recover_bitwise(job, baseline):
 
 
 def _wait_event(run_dir: Path, pred, proc: subprocess.Popen, timeout_s: float) -> dict:
-    deadline = time.monotonic() + timeout_s
-    path = run_dir / "events.jsonl"
-    while time.monotonic() < deadline:
-        if path.exists():
-            for line in path.read_text().splitlines():
-                e = json.loads(line)
-                if pred(e):
-                    return e
+    def seen():
         assert proc.poll() is None, f"the job ended (rc {proc.returncode}) before the awaited event"
-        time.sleep(0.05)
-    raise AssertionError(f"no such event within {timeout_s}s")
+        path = run_dir / "events.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return next((e for e in map(json.loads, lines) if pred(e)), None)
+
+    return wait_for("an event of the relayed job", seen, timeout_s, poll_s=0.05)
 
 
 def test_a_dead_relay_costs_its_node_and_the_job_goes_on(tmp_path, baseline):
