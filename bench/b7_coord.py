@@ -85,7 +85,7 @@ def config(nodes: int, wpn: int, spare_nodes: int, interval_s: float, timeout_s:
     overrides = [
         "task=mlp", f"cluster.nodes={nodes}", f"cluster.workers_per_node={wpn}", f"cluster.spare_nodes={spare_nodes}",
         "cluster.refill_spares=false", f"cluster.heartbeat_interval_s={interval_s}", f"cluster.heartbeat_timeout_s={timeout_s}",
-        "train.steps=100000000", "train.console_rank=null", "train.log_every=1000", "cluster.startup_timeout_s=300", f"cluster.control={control}",
+        "train.steps=100000000", "train.save_final=false", "train.console_rank=null", "train.log_every=1000", "cluster.startup_timeout_s=300", f"cluster.control={control}",
     ]
     with initialize_config_module(config_module="ckptless_hpc.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)

@@ -60,11 +60,11 @@ class SweepTable(Callback):
                 print(f"{job_id:>10}  {run_dir:<50}  {overrides}")
 
 
-TOOLS = ("report", "status", "logs", "cancel")
+TOOLS = ("report", "status", "logs", "cancel", "export")
 
 
 def entry() -> None:
-    """``ckptless-hpc [overrides]`` runs a job; ``ckptless-hpc report|status|logs|cancel ...`` inspects one."""
+    """``ckptless-hpc [overrides]`` runs a job; ``ckptless-hpc report|status|logs|cancel|export ...`` inspects one."""
     if len(sys.argv) > 1 and sys.argv[1] in TOOLS:
         from .tools import main as tools_main
 

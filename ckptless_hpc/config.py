@@ -36,6 +36,7 @@ class TrainConfig:
     prefetch: int = 2  # micro-batches each data worker prepares ahead
     bucket_mb: float = 16.0  # gradient allreduce bucket size (MiB)
     tensorboard: bool = False  # write loss, LR, grad norm, throughput and recoveries to <run dir>/tensorboard
+    save_final: bool = True  # on completion: <run dir>/final/model.pt (the full model) and final/state/ (the whole training state)
 
 
 @dataclass

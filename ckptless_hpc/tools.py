@@ -466,7 +466,7 @@ def _load_all(paths: Sequence[str]) -> List[Run]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Inspect and control ckptless_hpc runs. (Without one of these commands, ckptless-hpc runs a job: ckptless-hpc [hydra overrides])")
-    sub = p.add_subparsers(dest="command", required=True, metavar="{report,status,logs,cancel}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{report,status,logs,cancel,export}")
     r = sub.add_parser("report", help="text summary and PNG chart of a run; a comparison table of several", description="Text summary (recoveries and their phases, downtime, goodput, lost steps) and a PNG chart of a run; several run directories (or a Hydra sweep directory) give one comparison table and chart.")
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory (hydra.run.dir), or a sweep directory holding run directories")
     r.add_argument("--out", metavar="PNG", help="where to write the chart (default: RUN_DIR/report.png; for several runs, report.png in their common directory)")
@@ -485,7 +485,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_dir", metavar="RUN_DIR")
     c.add_argument("--force", action="store_true", help="SIGKILL instead of SIGTERM (local)")
     c.add_argument("--timeout-s", type=float, default=15.0, help="how long to wait for the job to stop (default 15)")
+    x = sub.add_parser("export", help="the full model of a saved state, as one state_dict file", description="Write the model's full state_dict (unsharded) from a saved state: a run directory (its final state, else the copy its restart.json names), its final/ folder, a state folder (final, emergency; sharded or not) or a state file. Load it with model.load_state_dict(torch.load(PATH, weights_only=True)).")
+    x.add_argument("path", metavar="RUN_DIR_OR_COPY")
+    x.add_argument("--out", metavar="PT", default="model.pt", help="where to write it (default: model.pt)")
     return p
+
+
+def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
+    from .state import export  # imports torch: only this command pays for it
+
+    try:
+        rec = export.write_model(export.load_full_model(args.path), args.out)
+    except export.ExportError as e:
+        raise UsageError(str(e)) from None
+    print(f"wrote {rec['path']}: the full model of {args.path} ({rec['bytes'] / 1e6:.1f} MB, sha256 {rec['sha256']})", file=out)
+    return EXIT_OK
 
 
 def _nonneg_int(text: str) -> int:
@@ -515,6 +529,8 @@ def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout, procs: 
             if args.gen is not None and args.rank is None and args.worker is None:
                 args.rank = 0
             return cmd_logs(args, out, procs)
+        if args.command == "export":
+            return cmd_export(args, out)
         return cmd_cancel(args, out, procs, queue)
     except UsageError as e:
         print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)

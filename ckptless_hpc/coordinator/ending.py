@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional
 from ..config import fault_list
 from ..metrics import goodput
 from ..state.placement import plan_shards
-from .inbox import LoadFailed, Message, NonFinite, Saved, SaveFailed, StartupError
+from .inbox import Exported, ExportFailed, LoadFailed, Message, NonFinite, Saved, SaveFailed, StartupError
 from .membership import WorkerRec
 from .sharding import inventories
 from .tally import Arrivals
@@ -44,6 +44,12 @@ class Ending:
         elif isinstance(m, SaveFailed):
             self.save_error = m.error
             self._emit("save_failed", rec, step=m.step, path=m.path, error=m.error)
+        elif isinstance(m, Exported):
+            self.final = {"model": m.model, "state": m.state, "step": m.step}
+            self._emit("final_saved", rec, step=m.step, model=m.model["path"], sha256=m.model["sha256"], state=m.state["path"])
+        elif isinstance(m, ExportFailed):
+            self.final = {"error": m.error}
+            self._emit("save_failed", rec, path=m.path, error=m.error)
         elif isinstance(m, LoadFailed):
             self.fatal = self.fatal or f"the requeued job cannot resume: {m.error}"
             self._emit("load_failed", rec, path=m.path, error=m.error)
@@ -96,16 +102,8 @@ class Ending:
             log.error("no emergency copy can be written: %s", why)
             return None
         folder = os.path.join(self.run_dir, "state", f"emergency-step{plan.target_step}")
-        os.makedirs(folder, exist_ok=True)
-        self.shard_saves = {}
-        writers = {}
-        for shard, workers in sorted(plan.holders_at_target.items()):
-            writers[shard] = workers[shard % len(workers)]
-            path = os.path.join(folder, f"shard{shard}.pt")
-            self._send(self.workers[writers[shard]], {"type": "save", "path": path, "shard": shard, "step": plan.target_step})
-        dead = lambda: any(self.workers[w].role == "dead" for w in writers.values())  # noqa: E731
-        await self._until(lambda: len(self.shard_saves) == len(writers) or dead() or self.save_error is not None, self.cfg.cluster.recovery_timeout_s)
-        if len(self.shard_saves) != len(writers):
+        writers = {shard: workers[shard % len(workers)] for shard, workers in sorted(plan.holders_at_target.items())}
+        if not await self._write_shards(folder, writers, plan.target_step):
             log.error("the sharded emergency copy is incomplete (%d of %d shards written): not used", len(self.shard_saves), len(writers))
             self.save_error = self.save_error or f"the sharded copy is incomplete ({len(self.shard_saves)} of {len(writers)} shards written)"
             return None
@@ -116,6 +114,40 @@ class Ending:
         self.saved = {"path": folder, "step": plan.target_step, "sha256": h.hexdigest(), "shards": shards}
         self._persist()
         return self.saved
+
+    async def _write_shards(self, folder: str, writers: Dict[int, str], step: int) -> bool:
+        """Each shard of the state of ``step`` written to ``folder`` by its writer (shard -> worker);
+        True once every one is written, False when one failed or died, or time ran out."""
+        os.makedirs(folder, exist_ok=True)
+        self.shard_saves = {}
+        for shard, wid in sorted(writers.items()):
+            name = "state.pt" if not self.layout.sharded else f"shard{shard}.pt"
+            self._send(self.workers[wid], {"type": "save", "path": os.path.join(folder, name), "shard": shard, "step": step})
+        dead = lambda: any(self.workers[w].role == "dead" for w in writers.values())  # noqa: E731
+        await self._until(lambda: len(self.shard_saves) == len(writers) or dead() or self.save_error is not None, self.cfg.cluster.recovery_timeout_s)
+        return len(self.shard_saves) == len(writers)
+
+    async def _save_final(self, done: Dict[str, Any]) -> Dict[str, Any]:
+        """train.save_final: the state every rank finished with, one file per shard (written by
+        the lowest rank holding it), then its index and the full model (rank 0, from the files):
+        RUN_DIR/final/state/ and RUN_DIR/final/model.pt. What was written, or why not."""
+        step = self.cfg.train.steps
+        folder = os.path.join(self.run_dir, "final")
+        writers: Dict[int, str] = {}
+        for w in sorted(done, key=lambda w: self.workers[w].rank):
+            writers.setdefault(self.layout.shard_of.get(self.workers[w].rank, 0), w)
+        try:
+            written = await self._write_shards(os.path.join(folder, "state"), writers, step)
+        except OSError as e:
+            self.save_error = f"cannot create {folder}: {e.strerror}"
+            written = False
+        if not written:
+            return {"error": f"the final state was not written: {self.save_error or 'a writer did not answer'}"}
+        files = [self.shard_saves[k]["path"] for k in sorted(self.shard_saves)]
+        self.final = None
+        self._send(self.workers[self.ranks[0]], {"type": "export", "files": files, "out": os.path.join(folder, "model.pt"), "step": step})
+        await self._until(lambda: self.final is not None or self.workers[self.ranks[0]].role == "dead", self.cfg.cluster.recovery_timeout_s)
+        return self.final or {"error": f"rank 0 did not write {os.path.join(folder, 'model.pt')} within cluster.recovery_timeout_s={self.cfg.cluster.recovery_timeout_s}s"}
 
     def _where_saved(self, saved: Optional[Dict[str, Any]]) -> str:
         """What the emergency copy holds, said plainly: written, a newer one kept, or nothing."""
@@ -170,13 +202,21 @@ class Ending:
         self._emit("emergency_save", reason="non-finite step", saved=saved)
         return self._finish(EXIT_NONFINITE, "nonfinite", msg)
 
-    def _complete(self) -> int:
+    async def _complete(self) -> int:
         done = self._g(self.gen).done
         sha, error = self.layout.final_sha(done, {w: self.workers[w].rank for w in done})
         if sha is None:
             return self._finish(EXIT_FAILED, "failed", error)
         self._emit("replicas_verified", step=self.cfg.train.steps, sha256=sha, ranks=len(done))
-        return self._finish(EXIT_OK, "completed", None, final_sha=sha)
+        if not self.cfg.train.save_final:
+            return self._finish(EXIT_OK, "completed", None, final_sha=sha)
+        final = await self._save_final(done)
+        if "error" in final:
+            msg = f"training completed (state sha256 {sha}), but {final['error']}. HINT: free space in {self.run_dir} (or run with hydra.run.dir on a writable filesystem with room); train.save_final=false skips it"
+            log.error("%s", msg)
+            return self._finish(EXIT_FAILED, "final_save_failed", msg, final_sha=sha, final=final)
+        log.info("the trained model: %s (sha256 %s); the whole training state: %s", final["model"]["path"], final["model"]["sha256"][:12], final["state"]["path"])
+        return self._finish(EXIT_OK, "completed", None, final_sha=sha, final=final)
 
     def _layout_summary(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"mode": self.layout.mode, "survives_node_losses": self.layout.survives()}
@@ -185,7 +225,7 @@ class Ending:
             out["copies_bytes_by_rank"] = {str(self.workers[w].rank): m.copies_bytes for w, m in sorted(done.items()) if m.copies_bytes is not None}
         return out
 
-    def _finish(self, code: int, status: str, error: Optional[str], final_sha: Optional[str] = None) -> int:
+    def _finish(self, code: int, status: str, error: Optional[str], final_sha: Optional[str] = None, final: Optional[Dict[str, Any]] = None) -> int:
         self.stopping = True
         self.progress.close()
         now = self.clock()
@@ -200,6 +240,7 @@ class Ending:
             "steps_completed": self.steps.last_step or 0,
             "steps_requested": self.cfg.train.steps,
             "final_state_sha256": final_sha,
+            "final": final,  # train.save_final: the model file and the state folder, with their sha256
             "world_size": self.world,
             "generations": self.gen + 1,
             "startup_s": round(t_train - self._t_start, 3),

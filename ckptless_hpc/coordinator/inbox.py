@@ -116,6 +116,21 @@ class SaveFailed:
 
 
 @dataclass(frozen=True)
+class Exported:
+    """The final state's full model and index are written (state/export.py)."""
+
+    step: int
+    model: Dict[str, Any]  # path, sha256 (of the file), bytes
+    state: Dict[str, Any]  # path, index, files: shard -> file, sha256, bytes, state_sha256
+
+
+@dataclass(frozen=True)
+class ExportFailed:
+    path: str
+    error: str
+
+
+@dataclass(frozen=True)
 class LoadFailed:
     path: str
     error: str
@@ -136,11 +151,12 @@ class StartupError:
     traceback: str = ""
 
 
-Message = Union[Built, Metrics, Held, Joining, Ready, Fetched, TransferFailed, FaultFired, Done, Saved, SaveFailed, LoadFailed, NonFinite, StartupError]
+Message = Union[Built, Metrics, Held, Joining, Ready, Fetched, TransferFailed, FaultFired, Done, Saved, SaveFailed, LoadFailed, NonFinite, StartupError, Exported, ExportFailed]
 KINDS: Dict[str, Type[Any]] = {
     "built": Built, "metrics": Metrics, "held": Held, "joining": Joining, "ready": Ready, "fetched": Fetched,
     "transfer_error": TransferFailed, "fault": FaultFired, "done": Done, "saved": Saved, "nonfinite": NonFinite,
     "startup_error": StartupError, "save_failed": SaveFailed, "load_failed": LoadFailed,
+    "exported": Exported, "export_failed": ExportFailed,
 }
 _NUMBER = (int, float)
 _CHECKS = {int: _NUMBER, float: _NUMBER, str: (str,)}

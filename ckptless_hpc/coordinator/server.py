@@ -89,6 +89,7 @@ class Coordinator(Channel, Ending):
         self.reform_requested = False
         self.recovery: Optional[RecoveryMachine] = None  # the recovery in progress (recovery.py decides, _recover carries out)
         self.saved: Optional[Dict[str, Any]] = None
+        self.final: Optional[Dict[str, Any]] = None  # train.save_final: what the final save wrote (ending.py)
         self.shard_saves: Dict[int, Dict[str, Any]] = {}  # sharded emergency copy: shard -> its file
         self.save_error: Optional[str] = None  # the emergency copy could not be written (why)
         self.save_requested: Optional[str] = None  # preemption / time limit: save once, then requeue
@@ -451,7 +452,7 @@ class Coordinator(Channel, Ending):
                 if code is not None:
                     return code
                 continue
-            return self._complete()
+            return await self._complete()
 
     def _all_done(self) -> bool:
         done = self._g(self.gen).done

@@ -79,6 +79,9 @@ def human_summary(s: Dict[str, Any]) -> str:
         f"state sha256 {s['final_state_sha256']}",
         f"recoveries   {len(s['recoveries'])}",
     ]
+    final = s.get("final") or {}
+    if final.get("model"):
+        lines.append(f"model        {final['model']['path']} (sha256 {final['model']['sha256'][:16]}); whole state in {final['state']['path']}")
     for r in s["recoveries"]:
         lines.append(
             f"  gen {r['gen']}: ranks {r['failed_ranks']} on {','.join(r['failed_nodes'])} -> {r['replacements']} at step {r['target_step']}: "

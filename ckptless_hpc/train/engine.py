@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..state.export import key_map
 from ..state.snapshot import Entries, Piece, apply_model_state, apply_optimizer_state, apply_state, collect_state
 from ..tasks.base import set_lr
 from .data import Feed, forward_seed, make_feed
@@ -281,6 +282,10 @@ class Engine:
             return self.fsdp.collect(step, extra)
         keys = self.zero.model_keys if self.zero is not None else None
         return collect_state(self.model, self.optimizer, self.task, step, extra, model_keys=keys)
+
+    def model_key_map(self) -> Dict[str, str]:
+        """Each key of the model's ``state_dict()`` -> the state entry holding it (state/export.py)."""
+        return key_map(self.model, sharded_params=self.fsdp is not None)
 
     def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False) -> None:
         """Load a state (a shard, in a sharded mode) into this rank. The optimizer keeps the

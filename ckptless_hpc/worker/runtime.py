@@ -241,8 +241,10 @@ class Worker(Interruptible, PeerState, StorageCopy):
                 self._fire(self.faults[int(msg["index"])], self.step)
             elif kind == "stop":
                 self._on_stop(msg)
-            elif kind == "save" and self.shards is not None:
+            elif kind == "save":
                 self._save_shard(msg["path"], int(msg["shard"]), int(msg["step"]))
+            elif kind == "export":
+                self._export(msg["files"], msg["out"], int(msg["step"]))
             else:
                 log.warning("ignoring unknown message %r", kind)
 

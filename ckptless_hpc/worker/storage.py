@@ -5,10 +5,11 @@ of it in a sharded mode, and the copy a requeued job starts from."""
 from __future__ import annotations
 
 import logging
+import os
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List
 
-from ..state import emergency
+from ..state import emergency, export
 from .control import exit_now
 from .interrupt import Aborted
 
@@ -39,13 +40,16 @@ class StorageCopy:
         return emergency.write(path, entries, meta)
 
     def _save_shard(self, path: str, shard: int, step: int) -> None:
-        """One shard of a sharded emergency copy: from a snapshot, a held copy, or the live state."""
-        assert self.shards is not None
-        copy = self.shards.get(shard, step)
-        if copy is None and shard == self.shards.shard and step == self.held_step():
+        """One shard of a sharded copy (an emergency copy, the final state; the replicated
+        state is its shard 0): from a snapshot, a held copy, or the live state."""
+        copy = self.shards.get(shard, step) if self.shards is not None else None
+        own = self.shards.shard if self.shards is not None else 0
+        if copy is None and shard == own and step == self.held_step():
             copy = self.engine.collect(step)
         if copy is None:
-            log.error("asked to save shard %d at step %d, which this worker does not hold (%s)", shard, step, self.shards.describe(self.step))
+            held = self.shards.describe(self.step) if self.shards is not None else f"it holds step {self.held_step()}"
+            log.error("asked to save shard %d at step %d, which this worker does not hold (%s)", shard, step, held)
+            self.client.send({"type": "save_failed", "path": path, "step": step, "error": f"{self.node}.{self.local_index} does not hold shard {shard} at step {step}"})
             return
         entries, meta = copy
         try:
@@ -55,6 +59,17 @@ class StorageCopy:
             self.client.send({"type": "save_failed", "path": path, "step": step, "error": str(e)})
             return
         self.client.send({"type": "saved", "path": path, "step": rec["step"], "sha256": rec["sha256"], "bytes": rec["bytes"], "written": rec["written"], "shard": shard})
+
+    def _export(self, files: List[str], out: str, step: int) -> None:
+        """The final state's index and full model (state/export.py), from its written files."""
+        try:
+            rec = export.write_final(os.path.dirname(files[0]), files, out, self.engine.model_key_map(), step, self.engine.mode)
+        except export.ExportError as e:
+            log.error("%s", e)
+            self.client.send({"type": "export_failed", "path": out, "error": str(e)})
+            return
+        log.info("the trained model (step %d) is in %s (%.1f MB, sha256 %s)", step, out, rec["model"]["bytes"] / 1e6, rec["model"]["sha256"][:12])
+        self.client.send({"type": "exported", "step": step, **rec})
 
     def _on_stop(self, msg: Dict[str, Any]) -> None:
         path = msg.get("save")

@@ -95,3 +95,27 @@ class ShardedRichMLP(MLPTask):
 
     def build_scheduler(self, optimizer, optim, total_steps):
         return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=float(optim.lr), total_steps=total_steps)
+
+
+class SGDGroupsMLP(MLPTask):
+    """SGD with momentum and two param groups (weights with weight decay, biases at half the LR
+    without), and the user's own LambdaLR: plain SGD makes the gradient's scale visible in the
+    weights (Adam would hide a wrong divisor)."""
+
+    def build_optimizer(self, model, optim):
+        weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+        biases = [p for n, p in model.named_parameters() if not n.endswith("weight")]
+        return torch.optim.SGD(
+            [{"params": weights, "weight_decay": 1e-2}, {"params": biases, "lr": float(optim.lr) * 0.5, "weight_decay": 0.0}],
+            lr=float(optim.lr), momentum=0.9,
+        )
+
+    def build_scheduler(self, optimizer, optim, total_steps):
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.1 * s))
+
+
+class BatchNormSGD(SGDGroupsMLP):
+    """BatchNorm (buffers: rank 0's statistics are everyone's) and dropout, trained with SGD."""
+
+    def build_model(self) -> nn.Module:
+        return BatchNormMLP.build_model(self)
