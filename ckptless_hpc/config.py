@@ -161,6 +161,7 @@ class Config:
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     job_name: str = "ckptless"
     dry_run: bool = False
+    resume_from: Optional[str] = None  # a run dir, or a final, periodic or emergency copy: a new job continues from its step
 
 
 def register_configs() -> None:
@@ -266,7 +267,31 @@ def validation_errors(cfg: Any) -> List[str]:
         need(c.signal_delay_s >= 0, "cluster.signal_delay_s", c.signal_delay_s, "must be >= 0", "seconds of warning before the end")
     errors.extend(_fault_errors(cfg))
     _parallel_errors(cfg, need)
+    if not errors:
+        _resume_errors(cfg, need)
     return errors
+
+
+def resume_shards(cfg: Any) -> int:
+    """Files of a saved state for this layout: one (ddp) or one per shard."""
+    mode, world = cfg.parallel.mode, cfg.cluster.nodes * cfg.cluster.workers_per_node
+    return {"ddp": 1, "zero": world, "fsdp": world}.get(mode, cfg.parallel.shard_size or 1)
+
+
+def _resume_errors(cfg: Any, need: Callable[..., None]) -> None:
+    """resume_from: a saved state this job's layout can load, of a step before train.steps."""
+    resume = cfg.get("resume_from") if hasattr(cfg, "get") else getattr(cfg, "resume_from", None)
+    if resume is None:
+        return
+    from .state.export import ExportError, resume_record  # torch: only when resuming
+
+    try:
+        rec = resume_record(str(resume), resume_shards(cfg))
+    except ExportError as e:
+        need(False, "resume_from", resume, str(e), "give a run directory, its final/ folder, or the file or folder of a saved copy")
+        return
+    need(rec["step"] < cfg.train.steps, "resume_from", resume, f"holds step {rec['step']}, and train.steps={cfg.train.steps}: nothing left to train",
+         f"raise train.steps above {rec['step']}")
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")

@@ -586,7 +586,7 @@ class Coordinator(Channel, Ending):
     def restore(self, state: Dict[str, Any]) -> None:
         """Start from a previous run's restart.json (after a requeue)."""
         r = Restart.from_json(state)
-        self.resume, self.members.bad_nodes, self.faults_done = r.saved, set(r.excluded_nodes), set(r.faults_done)
+        self.resume, self.members.bad_nodes, self.faults_done = r.saved or self.resume, set(r.excluded_nodes), set(r.faults_done)
 
     async def _shutdown(self) -> None:
         for w in self.workers.values():

@@ -58,6 +58,7 @@ def run_local(cfg: Any, run_dir: str) -> int:
     secret = new_secret()
     launcher = LocalLauncher.from_config(cfg, run_dir, secret)
     coord = context.coordinator = Coordinator(cfg, run_dir, launcher, secret, job_id)
+    coord.resume = resume_record(cfg)
 
     async def main() -> int:
         loop = asyncio.get_running_loop()
@@ -68,6 +69,18 @@ def run_local(cfg: Any, run_dir: str) -> int:
     code = asyncio.run(main())
     print(human_summary(coord.summary))
     return code
+
+
+def resume_record(cfg: Any) -> Optional[Dict[str, Any]]:
+    """``resume_from``: the copy a new job starts from (state/export.py), for this job's layout."""
+    if not cfg.get("resume_from"):
+        return None
+    from ..config import resume_shards
+    from ..state.export import resume_record as record
+
+    rec = record(str(cfg.resume_from), resume_shards(cfg))
+    log.info("resuming from %s: the state of step %d", rec["path"], rec["step"])
+    return rec
 
 
 def human_summary(s: Dict[str, Any]) -> str:

@@ -105,6 +105,29 @@ def _restart_copy(run_dir: str) -> Optional[str]:
     return saved.get("path") if isinstance(saved, dict) else None
 
 
+def resume_record(path: str, shards: int) -> Dict[str, Any]:
+    """What a new job started with ``resume_from=path`` loads (the record a requeued job's
+    restart.json holds: path, step, sha256, and per shard its file), for a layout of ``shards``
+    shards (1: the replicated state). A copy of another number of shards is refused."""
+    files, index = shard_files(os.path.abspath(path))
+    if index is not None:
+        step = int(index["step"])
+        shas = {i: index["files"][str(i)].get("state_sha256") for i in range(len(files))}
+    else:
+        steps = {emergency.step_of(f) for f in files}
+        if None in steps or len(steps) != 1:
+            raise ExportError(f"{path}: its files are not readable copies of one step (steps {sorted(map(str, steps))}). HINT: give a complete final, periodic or emergency copy")
+        step, shas = int(steps.pop()), {i: None for i in range(len(files))}
+    if len(files) != shards:
+        raise ExportError(
+            f"resume_from={path} holds {len(files)} shard file(s); this job's layout has {shards}. "
+            "HINT: resume with the parallel mode, cluster.nodes x cluster.workers_per_node (and parallel.shard_size) of the run that wrote it"
+        )
+    if shards == 1:
+        return {"path": files[0], "step": step, "sha256": shas[0]}
+    return {"path": os.path.dirname(files[0]), "step": step, "sha256": None, "shards": {str(i): {"path": f, "sha256": shas[i]} for i, f in enumerate(files)}}
+
+
 def load_full_model(path: str) -> Dict[str, torch.Tensor]:
     """The full model of the saved state at ``path`` (see :func:`shard_files`), every file checked."""
     files, index = shard_files(path)

@@ -65,6 +65,10 @@ def test_feature_alone_keeps_the_oracle(feature, job, baseline):
     res = job(*cfg, *(o for o in fault if o not in cfg), env=TASKS)
     sha = baseline(*cfg, env=TASKS)
     _oracle(res, sha)
+    # the trained model the faulted job leaves is the fault-free job's, bitwise, and loads into a fresh model
+    got, want = (torch.load(r.summary["final"]["model"]["path"], weights_only=True) for r in (res, baseline.result(*cfg, env=TASKS)))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), feature
+    assert res.summary["final"]["model"]["sha256"] == baseline.result(*cfg, env=TASKS).summary["final"]["model"]["sha256"]
     ready = res.of("worker_ready")
     if feature in ("grad_accum", "clip", "bf16", "fp16"):  # the option changed the numbers
         assert sha != baseline(*MLP), f"{feature} had no effect on the final state"
