@@ -256,6 +256,9 @@ def machine_info() -> Dict[str, Any]:
             commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
         except (OSError, subprocess.TimeoutExpired):
             commit = None
+    if not commit:
+        print(f"bench: the core's commit is unknown ({REPO} is not a git checkout): the results will not name it. "
+              "HINT: BENCH_CORE_COMMIT=<commit> python -m bench ...", file=sys.stderr)
     import ckptless_hpc
 
     return {

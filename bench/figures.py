@@ -130,7 +130,14 @@ def b8_recover_table(res: Dict[str, Any]) -> List[str]:
     return _md(["mode", "params", "shard", "transfer", "downtime", "final state vs the fault-free run"], body)
 
 
+def b5_table(res: Dict[str, Any]) -> List[str]:
+    body = [[str(r["workers"])] + [f"{r[k]:.3f} s" for k in ("downtime_s", "detect_s", "reconfigure_s", "transfer_s", "resume_s")]
+            + [f"{1e3 * r['step_s']:.0f} ms", f"{r['recovery_excl_resume_s']:.3f} s"] for r in res["b5"]["rows"]]
+    return _md(["workers", "downtime", "detect", "reconfigure", "transfer", "first step", "step", "net of the first step"], body)
+
+
 TABLES: Dict[str, Callable[[Dict[str, Any]], List[str]]] = {
+    "b5": b5_table,
     "main": lambda res: report.markdown(res).splitlines(),
     "b6_sim": b6_sim_table,
     "b8_overhead": b8_overhead_table,
