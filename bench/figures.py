@@ -32,7 +32,7 @@ FIGURE = re.compile(r"<!--@\s*(?:(?P<file>[\w.-]+\.json):)?(?P<key>\S+?)(?:\s+(?
 SOURCE = re.compile(r"<!--\s*bench:source\s+(?P<file>[\w.-]+\.json)\s*-->")
 TABLE = re.compile(r"<!--\s*bench:table\s+(?P<name>\w+)\s+(?P<file>[\w.-]+\.json)\s*-->")
 TABLE_END = re.compile(r"<!--\s*/bench:table\s*-->")
-NUMBER = re.compile(r"[-+\u2212]?\d[\d,]*(?:\.\d+)?")
+NUMBER = re.compile(r"(?:(?<![\w.)])[-+\u2212])?\d[\d,]*(?:\.\d+)?")  # a dash after a digit is a range (0.45-1.66), not a sign
 _PICK = re.compile(r"\[(?P<field>\w+)=(?P<value>[^\]]+)\]")
 _REDUCE: Dict[str, Callable[[List[float]], float]] = {"min": min, "max": max, "median": statistics.median, "len": len}
 
@@ -74,12 +74,13 @@ def _scaled(value: float, scale: Optional[str]) -> float:
     return value * f if scale[0] == "x" else value / f
 
 
-def quoted(text: str) -> Optional[Tuple[float, int]]:
-    """The last number of ``text`` and its decimals ("1,790" -> (1790, 0); "-6.8" -> (-6.8, 1))."""
-    nums = NUMBER.findall(text)
-    if not nums:
+def quoted(text: str, start: int = 0) -> Optional[Tuple[float, int]]:
+    """The last number of ``text`` and its decimals ("1,790" -> (1790, 0); "-6.8" -> (-6.8, 1));
+    None when it begins before ``start`` (the text before it only tells a dash from a sign)."""
+    nums = list(NUMBER.finditer(text))
+    if not nums or nums[-1].start() < start:
         return None
-    s = nums[-1].replace(",", "").replace("\u2212", "-")
+    s = nums[-1][0].replace(",", "").replace("\u2212", "-")
     return float(s), len(s.split(".")[1]) if "." in s else 0
 
 
@@ -115,9 +116,10 @@ def b8_overhead_table(res: Dict[str, Any]) -> List[str]:
         spread = f"{min(pairs):.3f}-{max(pairs):.3f}" if pairs else "-"
         body.append([
             r["mode"], f"{r['params'] / 1e6:.1f} M", str(r["nodes"]), str(r["factor"]), f"{r['step_s_no_copies']:.3f} s", f"{r['step_s_copies']:.3f} s",
-            f"{r['overhead_pct']:+.1f} %", spread, r.get("verdict", "-"), f"{r['copies_mb_per_rank']:.0f}" if r.get("copies_mb_per_rank") else "-",
+            f"{r['overhead_pct']:+.1f} %" + ("" if pairs else " (pooled)"), spread, r.get("verdict") or ("n/a" if r["factor"] == 1 else "-"),
+            f"{r['copies_mb_per_rank']:.0f}" if r.get("copies_mb_per_rank") else "-",
         ])
-    head = ["mode", "params", "nodes", "factor", "step, no copies", "step, copies", "overhead (median of pairs)", "pair ratios", "<= 3 %", "host MB per rank"]
+    head = ["mode", "params", "nodes", "factor", "step, no copies", "step, copies", "overhead (median of pairs)", "pair ratios", "<= 3 % at factor 1", "host MB per rank"]
     return _md(head, body)
 
 
@@ -171,11 +173,15 @@ class Results:
         return self._cache[name]
 
 
-def _figure_problem(before: str, m: "re.Match[str]", source: Optional[str], results: Results) -> Optional[str]:
+def _figure_problem(line: str, since: int, m: "re.Match[str]", source: Optional[str], results: Results) -> Optional[str]:
+    """What is wrong with the figure that marker ``m`` closes (the last number between the
+    previous marker, which ends at ``since``, and ``m``), or None."""
     name = m["file"] or source
     if name is None:
         return f"figure marker {m[0]!r} names no JSON file and no <!-- bench:source FILE.json --> line is above it"
-    q = quoted(re.sub(r"<!--.*?-->", "", before))
+    earlier = re.sub(r"<!--.*?-->", "", line[:since])
+    before = earlier + line[since:m.start()]
+    q = quoted(before, len(earlier))
     if q is None:
         return f"no number before {m[0]!r}"
     try:
@@ -223,7 +229,7 @@ def check(doc: str, results: Results) -> Tuple[List[Problem], int]:
         pos = 0
         for m in FIGURE.finditer(line):
             checked += 1
-            why = _figure_problem(line[pos:m.start()], m, source, results)
+            why = _figure_problem(line, pos, m, source, results)
             if why:
                 problems.append(Problem(i + 1, why))
             pos = m.end()

@@ -129,7 +129,7 @@ def b8_rows(b8: Optional[Dict[str, Any]]) -> List[List[str]]:
                      f"memcpy + loopback {1e3 * f['floor_s_per_step']:.0f} ms: {'n/a' if cpu is None else f'x{cpu:.2f}'}")
         out.append([
             f"B8 copies, {r['mode']}, {r['params'] / 1e6:.1f} M, factor 1",
-            f"step {_s(r['step_s_no_copies'], 's', 3)} -> {_s(r['step_s_copies'], 's', 3)}: {_pp(r['overhead_pct'])} (median of pairs{_pairs(r.get('pair_ratios'))}){floor}",
+            f"step {_s(r['step_s_no_copies'], 's', 3)} -> {_s(r['step_s_copies'], 's', 3)}: {_pp(r['overhead_pct'])} ({'median of pairs' + _pairs(r['pair_ratios']) if r.get('pair_ratios') else 'pooled'}){floor}",
             "<=3%; blocked <=3%; CPU <= x1.3",
             f"{r.get('verdict', 'n/a')}; {_ok(f.get('blocked_reached'))}; {_ok(f.get('cpu_reached'))}",
         ])

@@ -95,6 +95,7 @@ def test_lookup_quoted_matches():
     with pytest.raises(KeyMissing):
         lookup(RES, "b3.pair_ratios|sum")
     assert quoted("x 1,790 MB and 3.35") == (3.35, 2) and quoted("1,790") == (1790.0, 0) and quoted("\u22126.8") == (-6.8, 1)
+    assert quoted("pairs 0.988-1.036") == (1.036, 3) and quoted("growth -5%") == (-5.0, 0)
     assert matches(3.35, 2, 3.3495) and not matches(3.34, 2, 3.3495) and matches(73, 0, 72.598) and not matches(72, 0, 72.598)
     assert not matches(6.8, 1, -6.79)
 
