@@ -138,7 +138,17 @@ def b5_table(res: Dict[str, Any]) -> List[str]:
     return _md(["workers", "downtime", "detect", "reconfigure", "transfer", "first step", "step", "net of the first step"], body)
 
 
+def b7_table(res: Dict[str, Any]) -> List[str]:
+    body = [[f"{p['ranks']:,}", p.get("control", "rank"), f"{p['cpu_pct']:.1f} %", f"{p['hb_delay_p99_ms']:.0f} ms", f"{p['abort_ms']:.0f} ms",
+             f"{p['assign_ms']:.0f} ms", f"{p['reformed_ms']:.0f} ms", f"{p['startup_s']:.1f} s ({p['startup_lost']})", str(p["false_failures"]),
+             f"{p['recovery_cpu_ms'] / 1e3:.2f} s"] for p in res["b7"]["points"]]
+    head = ["ranks", "control", "coordinator CPU", "heartbeat delay p99", "closed → last abort", "closed → last `assign`", "→ re-formed",
+            "start-up (lost)", "false failures", "coordinator CPU in the recovery"]
+    return _md(head, body)
+
+
 TABLES: Dict[str, Callable[[Dict[str, Any]], List[str]]] = {
+    "b7": b7_table,
     "b5": b5_table,
     "main": lambda res: report.markdown(res).splitlines(),
     "b6_sim": b6_sim_table,
