@@ -55,7 +55,7 @@ def test_quick_harness_writes_finite_results(tmp_path):
     row = res["b8"]["overhead"][0]
     assert len(row["pair_ratios"]) == 1 and row["verdict"] in VERDICTS
     floor = row["floor"]  # the step's wait for acks and the floor of the same bytes, from the workers' copy_costs
-    assert floor["snapshot_bytes_per_step"] > 0 and floor["floor_s_per_step"] > 0 and floor["blocked_s_per_step"] >= 0, floor
+    assert floor["snapshot_bytes_per_step"] > 0 and floor["floor_s_per_step"] > 0 and floor["blocked_s_per_step"] > 0, floor
     assert res["b8"]["recover"][0]["oracle"] is True
     if res["b2"]["status"] == "ok":
         assert res["b2"]["torchft_version"] == res["machine"]["torchft"] is not None
