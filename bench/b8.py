@@ -153,4 +153,10 @@ def table(res: Dict[str, Any]) -> str:
 
 def headline(res: Any) -> Dict[str, Any]:
     rows = [r for r in (res or {}).get("overhead", []) if r["factor"] == 1]
-    return {"b8_replication_overhead_pct_f1": rows[0]["overhead_pct"] if rows else None}
+    floor = (rows[0].get("floor") or {}) if rows else {}
+    return {
+        "b8_replication_overhead_pct_f1": rows[0]["overhead_pct"] if rows else None,
+        # what the copy costs against its floor (issue 23): the step's wait for acks, its CPU over memcpy + loopback
+        "b8_blocked_pct_of_step_f1": floor.get("blocked_pct_of_step"),
+        "b8_copy_cpu_over_floor_f1": floor.get("cpu_over_floor"),
+    }
