@@ -179,7 +179,10 @@ class Results:
             path = self.folder / name
             if not path.is_file():
                 raise KeyMissing(f"{path} does not exist")
-            self._cache[name] = json.loads(path.read_text(encoding="utf-8"))
+            try:
+                self._cache[name] = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as e:
+                raise KeyMissing(f"{path} is not JSON ({e})") from None
         return self._cache[name]
 
 
