@@ -56,6 +56,26 @@ def median(xs: Iterable[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def verdict(overheads_pct: Sequence[float], target_pct: float) -> str:
+    """A target's verdict from back-to-back pairs (each an overhead in %): "yes" when every pair
+    is within the target, "NO" when every pair is past it, and "unresolved at this load" when the
+    pairs fall on both sides (the spread allows no verdict)."""
+    xs = [x for x in overheads_pct if x is not None and x == x]
+    if not xs:
+        return "n/a"
+    if max(xs) <= target_pct:
+        return "yes"
+    if min(xs) > target_pct:
+        return "NO"
+    return "unresolved at this load"
+
+
+def spread(xs: Iterable[float]) -> Dict[str, float]:
+    """Median, min and max of repetitions (for a table's "median (min-max)")."""
+    v = [float(x) for x in xs if x is not None]
+    return {"median": median(v), "min": min(v) if v else float("nan"), "max": max(v) if v else float("nan"), "n": len(v)}
+
+
 def read_jsonl(path: Path) -> List[Dict[str, Any]]:
     if not path.exists():
         return []
@@ -200,6 +220,18 @@ def run_ckptless(run_dir: Path, overrides: Sequence[str], timeout_s: float = 600
     return JobRun(run_dir, summary, events, elapsed, samples)
 
 
+def torchft_version() -> Optional[str]:
+    """The installed torchft distribution's version (torchft-nightly, or torchft); None without it."""
+    from importlib import metadata
+
+    for dist in ("torchft-nightly", "torchft"):
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 def machine_info() -> Dict[str, Any]:
     import torch
 
@@ -224,6 +256,9 @@ def machine_info() -> Dict[str, Any]:
             commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
         except (OSError, subprocess.TimeoutExpired):
             commit = None
+    if not commit:
+        print(f"bench: the core's commit is unknown ({REPO} is not a git checkout): the results will not name it. "
+              "HINT: BENCH_CORE_COMMIT=<commit> python -m bench ...", file=sys.stderr)
     import ckptless_hpc
 
     return {
@@ -235,6 +270,7 @@ def machine_info() -> Dict[str, Any]:
         "os": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "torchft": torchft_version(),  # B2 needs it in a full run (bench/setup.sh)
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
     }
 

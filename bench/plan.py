@@ -35,6 +35,7 @@ class Plan:
     b2_steps: int
     b2_fault_step: int
     b2_reps: int
+    b2_required: bool  # True: no torchft (or no ratio) fails the run (the full run); False: B2 is skipped without it
     b3_size: str
     b3_steps: int
     b3_reps: int
@@ -74,7 +75,7 @@ class Plan:
 QUICK = Plan(
     name="quick",
     b1=[B1Point("tiny", steps=30, fault_step=15, ckpt_every=4)],
-    b2_size="tiny", b2_steps=30, b2_fault_step=15, b2_reps=1,
+    b2_size="tiny", b2_steps=30, b2_fault_step=15, b2_reps=1, b2_required=False,
     b3_size="tiny", b3_steps=150, b3_reps=1, b3_torchft=False,
     b4_bytes=32 << 20, b4_reps=1,
     b5_size="tiny", b5_nodes=(2, 4), b5_steps=30, b5_fault_step=15, b5_reps=1,  # 8 workers: full run only
@@ -85,10 +86,10 @@ QUICK = Plan(
 FULL = Plan(
     name="full",
     b1=[
-        B1Point("10M", steps=14, fault_step=7, ckpt_every=4),
-        B1Point("100M", steps=8, fault_step=4, ckpt_every=4),
+        B1Point("10M", steps=14, fault_step=7, ckpt_every=4, reps=3),  # medians of 3, with min and max
+        B1Point("100M", steps=8, fault_step=4, ckpt_every=4, reps=3),
     ],
-    b2_size="default", b2_steps=40, b2_fault_step=20, b2_reps=2,
+    b2_size="default", b2_steps=40, b2_fault_step=20, b2_reps=2, b2_required=True,
     b3_size="default", b3_steps=300, b3_reps=5, b3_torchft=True,
     b4_bytes=1_200_000_000, b4_reps=3,  # the AdamW state of the 100 M model
     b5_size="default", b5_nodes=(2, 4, 8), b5_steps=40, b5_fault_step=20, b5_reps=2,

@@ -15,6 +15,7 @@ freshly allocated memory) to say what bounds the ratio.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -22,7 +23,7 @@ import sys
 import threading
 import time
 import zlib
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 CHUNK_ELEMS = 16 << 20  # 64 MB of float32 per tensor
 
@@ -77,6 +78,51 @@ def _raw_fetch(port: int, buf: memoryview) -> float:
     return time.monotonic() - t0
 
 
+@contextlib.contextmanager
+def _source(nbytes: int, secret: str) -> Iterator[Tuple[int, int]]:
+    """The source process (``serve``) of ``nbytes``: yields its (state port, raw TCP port)."""
+    from ckptless_hpc import protocol
+
+    from .common import REPO
+
+    env = dict(os.environ, **{protocol.SECRET_ENV: secret}, OMP_NUM_THREADS="1")
+    src = subprocess.Popen([sys.executable, "-m", "bench.transfer", "serve", str(nbytes)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        line = src.stdout.readline().decode().split()
+        if len(line) != 2:
+            raise RuntimeError("the transfer source process did not start")
+        yield int(line[0]), int(line[1])
+    finally:
+        src.stdin.close()
+        src.wait(timeout=30)
+
+
+def floor(nbytes: int, reps: int) -> Dict[str, Any]:
+    """The physical floor of a copy of ``nbytes`` (B8): a memcpy into a preallocated buffer and a
+    raw loopback TCP transfer (connect included, as a copy's push makes one) into another, in
+    seconds: the best of ``reps`` (a floor; other users' load only adds to it), a small memcpy
+    repeated to ~64 MB per timing."""
+    import torch
+
+    from ckptless_hpc import protocol
+
+    nbytes = max(4, (nbytes // 4) * 4)
+    src_t, dst_t = torch.ones(nbytes // 4), torch.zeros(nbytes // 4)
+    dst_t.copy_(src_t)  # touches the pages
+    loops = max(1, (64 << 20) // nbytes)
+    copy_s = []
+    for _ in range(reps):
+        t0 = time.monotonic()
+        for _ in range(loops):
+            dst_t.copy_(src_t)
+        copy_s.append((time.monotonic() - t0) / loops)
+    buf = memoryview(bytearray(nbytes))
+    with _source(nbytes, protocol.new_secret()) as (_, raw_port):
+        _raw_fetch(raw_port, buf)
+        wire_s = [_raw_fetch(raw_port, buf) for _ in range(reps)]
+    return {"bytes": nbytes, "memcpy_s": min(copy_s), "loopback_s": min(wire_s), "reps": reps}
+
+
 def measure(nbytes: int, reps: int) -> Dict[str, Any]:
     """Throughputs in GB/s (1e9 bytes), medians of ``reps`` alternating runs."""
     import torch
@@ -84,7 +130,7 @@ def measure(nbytes: int, reps: int) -> Dict[str, Any]:
     from ckptless_hpc import protocol
     from ckptless_hpc.state import transfer as tr
 
-    from .common import REPO, median
+    from .common import median
 
     def fetch() -> Any:
         # a hot spare receives into memory it touched while waiting (its Arena), when the core has one
@@ -93,13 +139,7 @@ def measure(nbytes: int, reps: int) -> Dict[str, Any]:
         return tr.fetch_state("127.0.0.1", state_port, secret, 0, 1, 120, **kw)
 
     secret = protocol.new_secret()
-    env = dict(os.environ, **{protocol.SECRET_ENV: secret}, OMP_NUM_THREADS="1")
-    src = subprocess.Popen([sys.executable, "-m", "bench.transfer", "serve", str(nbytes)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-    try:
-        line = src.stdout.readline().decode().split()
-        if len(line) != 2:
-            raise RuntimeError("the transfer source process did not start")
-        state_port, raw_port = int(line[0]), int(line[1])
+    with _source(nbytes, secret) as (state_port, raw_port):
         nbytes = (nbytes // 4) * 4
         buf = memoryview(bytearray(nbytes))  # preallocated and touched once: the wire alone
         _raw_fetch(raw_port, buf)  # warm-up of both paths
@@ -132,9 +172,6 @@ def measure(nbytes: int, reps: int) -> Dict[str, Any]:
         fresh.view(torch.uint8)[:: 4096] = 0  # one write per page: the page-fault cost
         touch_s = time.monotonic() - t0
         del fresh
-    finally:
-        src.stdin.close()
-        src.wait(timeout=30)
     raw_gbps = nbytes / median(raw_s) / 1e9
     state_gbps = nbytes / median(state_s) / 1e9
     return {

@@ -223,6 +223,7 @@ class Ending:
         if self.layout.sharded:
             done = self._g(self.gen).done
             out["copies_bytes_by_rank"] = {str(self.workers[w].rank): m.copies_bytes for w, m in sorted(done.items()) if m.copies_bytes is not None}
+            out["copy_costs_by_rank"] = {str(self.workers[w].rank): m.copy_costs for w, m in sorted(done.items()) if m.copy_costs is not None}
         return out
 
     def _finish(self, code: int, status: str, error: Optional[str], final_sha: Optional[str] = None, final: Optional[Dict[str, Any]] = None) -> int:

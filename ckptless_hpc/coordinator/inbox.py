@@ -96,6 +96,7 @@ class Done:
     step: Optional[int] = None
     shard: Optional[int] = None  # sharded: the shard this sha256 is of
     copies_bytes: Optional[Dict[str, int]] = None  # sharded: host bytes of its own snapshots and held copies
+    copy_costs: Optional[Dict[str, float]] = None  # sharded: seconds its steps waited for acks, snapshots, bytes sent
 
 
 @dataclass(frozen=True)

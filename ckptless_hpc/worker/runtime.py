@@ -399,6 +399,7 @@ class Worker(Interruptible, PeerState, StorageCopy):
         if self.shards is not None:
             done["shard"] = self.shards.shard
             done["copies_bytes"] = self.shards.store.nbytes()  # host memory its snapshots and held copies take
+            done["copy_costs"] = self.shards.costs()  # its waits for acks, snapshots, bytes sent (bench B8)
         self.client.send(done)
 
     def _one_step(self, gen: int) -> bool:
@@ -453,7 +454,9 @@ class Worker(Interruptible, PeerState, StorageCopy):
     def _await_copy(self, gen: int, step: int) -> None:
         shards = self.shards
         assert shards is not None
+        t0 = time.perf_counter()
         outcome = self._wait_until(shards.copy_confirmed, gen, self.cfg.cluster.collective_timeout_s)
+        shards.waited(time.perf_counter() - t0)
         if outcome == "abort":
             raise Aborted("replication")
         if outcome == "timeout":

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from ..state.placement import REPLICATED_BY_COPIES
 from ..state.shards import Copy, Replicator, ShardStore
+from ..state.snapshot import state_nbytes
 from ..state.transfer import Received
 
 log = logging.getLogger("ckptless_hpc.worker")
@@ -31,6 +32,11 @@ class ShardCopies:
         self.pending: Optional[int] = None  # the step whose copy the next step's last collective waits for
         self.last_error: Optional[str] = None
         self._reported: Set[Tuple[int, str]] = set()
+        # what the copies cost this process (bench B8): the steps' waits for acks, the snapshots
+        self.waited_s = 0.0
+        self.waits = 0
+        self.snapshots = 0
+        self.snapshot_bytes = 0
 
     def _error(self, what: str) -> None:
         self.last_error = what
@@ -64,8 +70,24 @@ class ShardCopies:
         worker has none) goes to every holder that lacks it (a new placement, a fresh spare)."""
         copy = self.store.own.get(step)
         if copy is None:
-            copy = self.store.snapshot(step, *engine.collect(step))
+            copy = self._snapshot(step, engine)
         self._send(step, copy)
+
+    def _snapshot(self, step: int, engine: Any) -> Copy:
+        copy = self.store.snapshot(step, *engine.collect(step))
+        self.snapshots += 1
+        self.snapshot_bytes += state_nbytes(copy[0])
+        return copy
+
+    def waited(self, seconds: float) -> None:
+        """A step's last collective waited ``seconds`` for the acks of this rank's last copy."""
+        self.waited_s += seconds
+        self.waits += 1
+
+    def costs(self) -> Dict[str, float]:
+        """For the ``done`` message: the waits, the snapshots and the bytes sent to holders."""
+        return {"wait_s": round(self.waited_s, 6), "waits": self.waits, "snapshots": self.snapshots,
+                "snapshot_bytes": self.snapshot_bytes, "sent_bytes": self.replicator.sent_bytes}
 
     def _send(self, step: int, copy: Copy) -> None:
         assert self.shard is not None
@@ -87,7 +109,7 @@ class ShardCopies:
                 self.store.drop_held(self._holds)
                 self._holds = None
         if step % self.every == 0:
-            self._send(step, self.store.snapshot(step, *engine.collect(step)))
+            self._send(step, self._snapshot(step, engine))
 
     # ------------------------------------------------------------------ serving
     def keep(self, gen: int, shard: int, step: int, got: Received) -> None:

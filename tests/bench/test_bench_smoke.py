@@ -22,6 +22,8 @@ KEYS = (
     "b8_replication_overhead_pct_f1",
 )
 
+VERDICTS = ("yes", "NO", "unresolved at this load")
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
@@ -45,6 +47,18 @@ def test_quick_harness_writes_finite_results(tmp_path):
         assert isinstance(res[key], (int, float)) and math.isfinite(res[key]), (key, res[key])
     assert 0 < res["b6_goodput_local"] <= 1 and 0 < res["b6_goodput_sim_16k"] <= 1
     assert res["b1"]["points"][0]["kill"]["bytes_transferred"] > 0
+    # the oracle and the repetitions (issue 23): compared with a fault-free run, min and max kept
+    p1 = res["b1"]["points"][0]
+    assert p1["oracle"] is True and p1["fault_free_final_sha"]
+    assert p1["spread"]["kill_downtime_s"]["n"] == p1["reps"] and p1["spread"]["kill_downtime_s"]["min"] <= p1["kill"]["downtime_s"]
+    assert len(res["b3"]["pair_ratios"]) == res["b3"]["reps"] and res["b3"]["verdict"] in VERDICTS
+    row = res["b8"]["overhead"][0]
+    assert len(row["pair_ratios"]) == 1 and row["verdict"] in VERDICTS
+    floor = row["floor"]  # the step's wait for acks and the floor of the same bytes, from the workers' copy_costs
+    assert floor["snapshot_bytes_per_step"] > 0 and floor["floor_s_per_step"] > 0 and floor["blocked_s_per_step"] > 0, floor
+    assert res["b8"]["recover"][0]["oracle"] is True
+    if res["b2"]["status"] == "ok":
+        assert res["b2"]["torchft_version"] == res["machine"]["torchft"] is not None
     assert "B1 kill" in p.stdout and "B6 simulated" in p.stdout
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "latest.png").stat().st_size > 10_000
