@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional
 from ..config import fault_list
 from ..metrics import goodput
 from ..state.placement import plan_shards
-from .inbox import Exported, ExportFailed, LoadFailed, Message, NonFinite, Saved, SaveFailed, StartupError
+from .inbox import Exported, ExportFailed, LoadFailed, Message, NonFinite, PeriodicFailed, PeriodicSaved, Saved, SaveFailed, StartupError
 from .membership import WorkerRec
 from .sharding import inventories
 from .tally import Arrivals
@@ -44,6 +44,13 @@ class Ending:
         elif isinstance(m, SaveFailed):
             self.save_error = m.error
             self._emit("save_failed", rec, step=m.step, path=m.path, error=m.error)
+        elif isinstance(m, PeriodicSaved):
+            copy = self.copies.add(m)
+            if copy is not None:
+                self._emit("state_saved", rec, step=m.step, path=copy["path"], periodic=True)
+                self._persist()
+        elif isinstance(m, PeriodicFailed):
+            self._emit("save_failed", rec, step=m.step, path=m.path, error=m.error, periodic=True)
         elif isinstance(m, Exported):
             self.final = {"model": m.model, "state": m.state, "step": m.step}
             self._emit("final_saved", rec, step=m.step, model=m.model["path"], sha256=m.model["sha256"], state=m.state["path"])
@@ -165,7 +172,7 @@ class Ending:
         if held is None:
             held = await self._hold_all(survivors)
         saved = None if state_lost else await self._save_state(survivors, held)
-        resume_from = saved or self.resume
+        resume_from = saved or self.copies.newest or self.resume
         if state_lost:
             last = f"the last copy written is the one of step {self.resume['step']} ({self.resume['path']})" if self.resume else "no copy was ever written"
             where = f"No newer state survives: {last}. "

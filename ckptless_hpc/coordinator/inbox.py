@@ -126,6 +126,25 @@ class Exported:
 
 
 @dataclass(frozen=True)
+class PeriodicSaved:
+    """One piece of a copy of train.save_every is written (worker/periodic.py)."""
+
+    path: str
+    step: int
+    shard: int
+    state_sha256: str
+    sha256: Optional[str] = None  # of the file
+    bytes: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class PeriodicFailed:
+    path: str
+    error: str
+    step: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class ExportFailed:
     path: str
     error: str
@@ -152,12 +171,12 @@ class StartupError:
     traceback: str = ""
 
 
-Message = Union[Built, Metrics, Held, Joining, Ready, Fetched, TransferFailed, FaultFired, Done, Saved, SaveFailed, LoadFailed, NonFinite, StartupError, Exported, ExportFailed]
+Message = Union[Built, Metrics, Held, Joining, Ready, Fetched, TransferFailed, FaultFired, Done, Saved, SaveFailed, LoadFailed, NonFinite, StartupError, Exported, ExportFailed, PeriodicSaved, PeriodicFailed]
 KINDS: Dict[str, Type[Any]] = {
     "built": Built, "metrics": Metrics, "held": Held, "joining": Joining, "ready": Ready, "fetched": Fetched,
     "transfer_error": TransferFailed, "fault": FaultFired, "done": Done, "saved": Saved, "nonfinite": NonFinite,
     "startup_error": StartupError, "save_failed": SaveFailed, "load_failed": LoadFailed,
-    "exported": Exported, "export_failed": ExportFailed,
+    "exported": Exported, "export_failed": ExportFailed, "periodic_saved": PeriodicSaved, "periodic_failed": PeriodicFailed,
 }
 _NUMBER = (int, float)
 _CHECKS = {int: _NUMBER, float: _NUMBER, str: (str,)}

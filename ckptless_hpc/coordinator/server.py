@@ -37,6 +37,7 @@ from .detector import StallMeter, StragglerWatch, StragglerWindow, silent_worker
 from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec, loss_kind
 from .planner import by_node, initial_ranks
 from .recovery import Abort, Assign, Emit, Exclude, GiveUp, Lose, NewGeneration, Options as RecoveryOptions, RecoveryMachine, Reformed, ReleaseCommands
+from .saved_copies import SavedCopies
 from .restart import Restart, shard_copy as _shard_copy, write as write_restart
 from .sharding import Layout
 from .step_feed import Resumed, StepFeed
@@ -90,6 +91,7 @@ class Coordinator(Channel, Ending):
         self.recovery: Optional[RecoveryMachine] = None  # the recovery in progress (recovery.py decides, _recover carries out)
         self.saved: Optional[Dict[str, Any]] = None
         self.final: Optional[Dict[str, Any]] = None  # train.save_final: what the final save wrote (ending.py)
+        self.copies = SavedCopies(run_dir, self.layout.shards, int(cfg.train.get("keep_saved", 2)), self.layout.mode)  # train.save_every
         self.shard_saves: Dict[int, Dict[str, Any]] = {}  # sharded emergency copy: shard -> its file
         self.save_error: Optional[str] = None  # the emergency copy could not be written (why)
         self.save_requested: Optional[str] = None  # preemption / time limit: save once, then requeue
@@ -581,7 +583,8 @@ class Coordinator(Channel, Ending):
 
     def _persist(self) -> None:
         """What a requeued job needs: the emergency copy, nodes never to use again, faults fired."""
-        write_restart(self.run_dir, Restart.of(self.saved or self.resume, self.bad_nodes, self.faults_done, self.launcher.batch_node))
+        newest = max((c for c in (self.saved, self.copies.newest, self.resume) if c), key=lambda c: c["step"], default=None)
+        write_restart(self.run_dir, Restart.of(newest, self.bad_nodes, self.faults_done, self.launcher.batch_node))
 
     def restore(self, state: Dict[str, Any]) -> None:
         """Start from a previous run's restart.json (after a requeue)."""

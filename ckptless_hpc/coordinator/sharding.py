@@ -29,6 +29,11 @@ class Layout:
     def sharded(self) -> bool:
         return self.mode != "ddp"
 
+    @property
+    def shards(self) -> int:
+        """Pieces of the state: 1 (replicated) or one per shard."""
+        return len(set(self.shard_of.values())) if self.sharded else 1
+
     def survives(self) -> int:
         """Simultaneous node losses the configured layout survives (ranks numbered node by node)."""
         return layout_tolerance(self.mode, self.world, self.wpn, self.factor, self.shard_size)

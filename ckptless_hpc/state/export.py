@@ -72,7 +72,8 @@ def full_model(shards: Sequence[Tuple[List[Tuple[str, torch.Tensor]], Dict[str, 
 def shard_files(path: str) -> Tuple[List[str], Optional[Dict[str, Any]]]:
     """The state files at ``path`` in shard order, and the index when there is one. ``path`` is a
     state file, a folder of shard files (with or without an index), a ``final/`` folder, or a
-    run directory (its final state, else the copy its restart.json names)."""
+    run directory (its final state, else its newest periodic copy, else the copy its
+    restart.json names)."""
     if os.path.isfile(path):
         return [path], None
     if not os.path.isdir(path):
@@ -90,10 +91,20 @@ def shard_files(path: str) -> Tuple[List[str], Optional[Dict[str, Any]]]:
         if [k for k, _ in shards] != list(range(len(shards))):
             raise ExportError(f"{path} holds shards {[k for k, _ in shards]}, not 0..{len(shards) - 1}. HINT: every shard file of the copy is needed")
         return [os.path.join(path, n) for _, n in shards], None
-    saved = _restart_copy(path)
+    saved = _newest_periodic(path) or _restart_copy(path)
     if saved is not None:
         return shard_files(saved)
-    raise ExportError(f"no saved state at {path} (no final/state/{INDEX}, no shard files, no copy named in restart.json). HINT: train.save_final=true leaves RUN_DIR/final")
+    raise ExportError(f"no saved state at {path} (no final/state/{INDEX}, no saved/step*/{INDEX}, no shard files, no copy named in restart.json). HINT: train.save_final=true leaves RUN_DIR/final")
+
+
+def _newest_periodic(run_dir: str) -> Optional[str]:
+    """The newest complete copy of train.save_every in ``run_dir`` (RUN_DIR/saved/step<S>/ with its index)."""
+    root = os.path.join(run_dir, "saved")
+    try:
+        steps = sorted((int(n[4:]) for n in os.listdir(root) if n.startswith("step") and n[4:].isdigit()), reverse=True)
+    except OSError:
+        return None
+    return next((os.path.join(root, f"step{s}") for s in steps if os.path.isfile(os.path.join(root, f"step{s}", INDEX))), None)
 
 
 def _restart_copy(run_dir: str) -> Optional[str]:

@@ -48,6 +48,7 @@ from . import last_resort
 from .control import ControlClient, exit_now
 from .interrupt import Aborted, CollectiveError, Interruptible
 from .peer_state import PeerState
+from .periodic import PeriodicCopies
 from .storage import StorageCopy
 
 log = logging.getLogger("ckptless_hpc.worker")
@@ -170,6 +171,7 @@ class Worker(Interruptible, PeerState, StorageCopy):
         self.store_addr = store_addr
         self.shards = ShardCopies(self.cfg, self.secret, self.client, self._wake) if self.engine.sharded else None
         receiver = self.shards.keep if self.shards is not None else None
+        self.periodic = PeriodicCopies(self.cfg, self.run_dir, self.client.send)
         self.server = StateServer(self.host, self.secret, self._provide, describe=f"[{self.node}] ", receiver=receiver)
         self.step = 0  # a freshly built model is the state of step 0 on every worker (seeded init)
         self.arena: Optional[Arena] = None
@@ -419,6 +421,7 @@ class Worker(Interruptible, PeerState, StorageCopy):
         self.ctx["step"] = self.step
         if self.shards is not None:
             self.shards.committed(self.engine, self.step)
+        self.periodic.after_commit(self.step, self.rank, self.shards.shard if self.shards is not None else 0, self.engine.collect)
         if gen > self._released_before:  # this generation works: what the older ones left can go
             self._released_before = gen
             self._retired.release_before(gen)

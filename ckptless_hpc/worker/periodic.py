@@ -1,0 +1,60 @@
+"""Durable copies on a schedule (``train.save_every=N``): after every N-th committed step, the
+writer of each piece (rank 0 for the replicated state; every rank its own shard for ``zero`` and
+``fsdp``; the first shard group for ``hsdp``) takes a copy of its state in memory and writes it in
+a thread of its own to ``RUN_DIR/saved/step<S>/`` (state/emergency.py's atomic write), while
+training goes on. The coordinator indexes a copy once every piece of it is written and keeps the
+newest ``train.keep_saved``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable, Dict, Optional
+
+from ..state import emergency, export
+
+log = logging.getLogger("ckptless_hpc.worker")
+
+
+def writes(mode: str, rank: int, shard_size: Optional[int]) -> bool:
+    """Whether ``rank`` writes its piece: the lowest rank holding each shard does."""
+    if mode in ("zero", "fsdp"):
+        return True
+    return rank < (int(shard_size or 1) if mode == "hsdp" else 1)
+
+
+def folder(run_dir: str, step: int) -> str:
+    return os.path.join(run_dir, "saved", f"step{step}")
+
+
+class PeriodicCopies:
+    def __init__(self, cfg: Any, run_dir: Optional[str], send: Callable[[Dict[str, Any]], None]) -> None:
+        self.every, self.last = int(cfg.train.save_every), int(cfg.train.steps)
+        self.mode, self.shard_size = str(cfg.parallel.mode), cfg.parallel.shard_size
+        self.run_dir, self.send = run_dir, send
+        self._writing: Optional[threading.Thread] = None
+
+    def after_commit(self, step: int, rank: int, shard: int, collect: Callable[[int], Any]) -> None:
+        """``step`` is committed: copy it and start writing it if it is due here (the last step
+        is the final state's: train.save_final)."""
+        if self.every <= 0 or self.run_dir is None or step % self.every or step >= self.last or not writes(self.mode, rank, self.shard_size):
+            return
+        if self._writing is not None and self._writing.is_alive():
+            log.warning("the copy before step %d is still being written: step %d is not copied (raise train.save_every)", step, step)
+            return
+        entries, meta = collect(step)
+        entries = [(n, t.detach().clone()) for n, t in entries]  # training goes on over the live tensors
+        name = "state.pt" if self.mode == "ddp" else f"shard{shard}.pt"
+        path = os.path.join(folder(self.run_dir, step), name)
+        self._writing = threading.Thread(target=self._write, args=(path, entries, meta, step, shard), name=f"copy-step{step}", daemon=True)
+        self._writing.start()
+
+    def _write(self, path: str, entries: Any, meta: Dict[str, Any], step: int, shard: int) -> None:
+        try:
+            rec = emergency.write(path, entries, meta, describe=f"periodic copy, shard {shard}: ")
+        except emergency.EmergencyCopyError as e:
+            log.error("%s", e)
+            self.send({"type": "periodic_failed", "path": path, "step": step, "error": str(e)})
+            return
+        self.send({"type": "periodic_saved", "path": path, "step": step, "shard": shard, "state_sha256": rec["sha256"], "sha256": export.file_sha256(path), "bytes": rec["bytes"]})
