@@ -38,6 +38,7 @@ class TrainConfig:
     tensorboard: bool = False  # write loss, LR, grad norm, throughput and recoveries to <run dir>/tensorboard
     save_final: bool = True  # on completion: <run dir>/final/model.pt (the full model) and final/state/ (the whole training state)
     save_every: int = 0  # a durable copy of the committed state every N steps, written in the background to <run dir>/saved/step<S>/ (0: none)
+    save_every_s: float = 0.0  # also a copy every S seconds (at a step the coordinator names a little ahead; 0: none)
     keep_saved: int = 2  # the newest copies of train.save_every kept; older ones are deleted
 
 
@@ -310,6 +311,7 @@ def _train_step_errors(t: Any, need: Callable[..., None]) -> None:
     need(_is_int(t.data_workers) and t.data_workers >= 0, "train.data_workers", t.data_workers, "must be an integer >= 0", "0 makes batches in the training thread; 2 runs a DataLoader with 2 worker processes")
     need(_is_int(t.prefetch) and t.prefetch >= 1, "train.prefetch", t.prefetch, "must be an integer >= 1", "e.g. train.prefetch=2 micro-batches per data worker")
     need(_is_int(t.save_every) and t.save_every >= 0, "train.save_every", t.save_every, "must be an integer >= 0", "e.g. train.save_every=500 (steps); 0 writes no periodic copy")
+    need(t.save_every_s >= 0, "train.save_every_s", t.save_every_s, "must be >= 0", "e.g. train.save_every_s=1800 (seconds); 0 writes no timed copy")
     need(_is_int(t.keep_saved) and t.keep_saved >= 1, "train.keep_saved", t.keep_saved, "must be an integer >= 1", "e.g. train.keep_saved=2 (the newest copies kept)")
     need(t.bucket_mb > 0, "train.bucket_mb", t.bucket_mb, "must be > 0", "e.g. train.bucket_mb=16 (MiB per gradient allreduce)")
     if t.tensorboard:

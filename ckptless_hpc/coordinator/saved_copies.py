@@ -21,6 +21,19 @@ class SavedCopies:
         self.root, self.shards, self.keep, self.mode = os.path.join(run_dir, "saved"), shards, keep, mode
         self.pieces: Dict[int, Dict[int, Any]] = {}  # step -> shard -> its record
         self.newest: Optional[Dict[str, Any]] = None
+        self.last_asked: Optional[float] = None  # when train.save_every_s last named a step
+
+    def timed(self, now: float, step: int, every_s: float, ahead: int = 2) -> Optional[int]:
+        """train.save_every_s: the step to copy (a little ahead of rank 0's ``step``, so that every
+        writer hears of it before it gets there) when ``every_s`` has passed since the last; else None."""
+        if every_s <= 0:
+            return None
+        if self.last_asked is None:
+            self.last_asked = now
+        if now - self.last_asked < every_s:
+            return None
+        self.last_asked = now
+        return step + ahead
 
     def add(self, m: Any) -> Optional[Dict[str, Any]]:
         """One piece written; the copy's record (as restart.json keeps it) once it is complete."""
@@ -50,15 +63,15 @@ class SavedCopies:
         return rec
 
     def _prune(self, newest: int) -> None:
-        """Delete complete copies beyond the newest ``keep`` and anything older than those."""
-        complete = sorted((s for s in _steps(self.root) if s <= newest and os.path.isfile(os.path.join(self.root, f"step{s}", "index.json"))), reverse=True)
-        if len(complete) < self.keep:
-            return
-        oldest_kept = complete[self.keep - 1]
-        for s in _steps(self.root):
-            if s < oldest_kept:
-                shutil.rmtree(os.path.join(self.root, f"step{s}"), ignore_errors=True)
-
+        """Keep the newest ``keep`` complete copies; delete the others, and every incomplete one
+        older than ``newest`` (each writer writes its copies in order: a piece of it still to
+        come would have come first)."""
+        root = self.root
+        complete = [s for s in _steps(root) if os.path.isfile(os.path.join(root, f"step{s}", "index.json"))]
+        kept = set(complete[-self.keep:])
+        for s in _steps(root):
+            if s < newest and s not in kept:
+                shutil.rmtree(os.path.join(root, f"step{s}"), ignore_errors=True)
 
 def _steps(root: str) -> List[int]:
     try:

@@ -212,6 +212,9 @@ class Coordinator(Channel, Ending):
         if self.tensorboard is not None:
             self.tensorboard.step(m.step, m.loss, m.lr, m.grad_norm, m.step_s, m.samples / m.step_s if m.samples and m.step_s > 0 else None)
         self._fault_a_spare(m.step)
+        ahead = self.copies.timed(now, m.step, float(self.cfg.train.get("save_every_s", 0.0)))
+        if ahead is not None:  # train.save_every_s: every rank copies that step (worker/periodic.py)
+            self._broadcast(self.ranks.values(), {"type": "copy_at", "step": ahead})
         if back is not None:
             self._resumed(rec, m.step, back, now)
         self.progress.update(self.feed.snapshot(m, now, self._t_train, len(self.recoveries), self.gen))

@@ -1,7 +1,8 @@
-"""Durable copies on a schedule (``train.save_every=N``): after every N-th committed step, the
+"""Durable copies on a schedule (``train.save_every=N`` steps; ``train.save_every_s=S``: the
+coordinator names a step a little ahead every S seconds, ``copy_at``): after such a step, the
 writer of each piece (rank 0 for the replicated state; every rank its own shard for ``zero`` and
 ``fsdp``; the first shard group for ``hsdp``) takes a copy of its state in memory and writes it in
-a thread of its own to ``RUN_DIR/saved/step<S>/`` (state/emergency.py's atomic write), while
+a thread of its own to ``RUN_DIR/saved/step<step>/`` (state/emergency.py's atomic write), while
 training goes on. The coordinator indexes a copy once every piece of it is written and keeps the
 newest ``train.keep_saved``."""
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Set
 
 from ..state import emergency, export
 
@@ -34,12 +35,21 @@ class PeriodicCopies:
         self.mode, self.shard_size = str(cfg.parallel.mode), cfg.parallel.shard_size
         self.run_dir, self.send = run_dir, send
         self._writing: Optional[threading.Thread] = None
+        self._asked: Set[int] = set()  # steps the coordinator asked for (train.save_every_s)
+
+    def ask(self, step: int) -> None:
+        """A copy of ``step`` (from the reader thread: the coordinator's ``copy_at``)."""
+        self._asked.add(step)
+
+    def due(self, step: int) -> bool:
+        return (self.every > 0 and step % self.every == 0) or step in self._asked
 
     def after_commit(self, step: int, rank: int, shard: int, collect: Callable[[int], Any]) -> None:
         """``step`` is committed: copy it and start writing it if it is due here (the last step
         is the final state's: train.save_final)."""
-        if self.every <= 0 or self.run_dir is None or step % self.every or step >= self.last or not writes(self.mode, rank, self.shard_size):
+        if self.run_dir is None or not self.due(step) or step >= self.last or not writes(self.mode, rank, self.shard_size):
             return
+        self._asked = {s for s in self._asked if s > step}
         if self._writing is not None and self._writing.is_alive():
             log.warning("the copy before step %d is still being written: step %d is not copied (raise train.save_every)", step, step)
             return

@@ -191,6 +191,8 @@ class Worker(Interruptible, PeerState, StorageCopy):
         elif msg.get("type") == "stop":
             self._stopping = True
             self._wake.set()
+        elif msg.get("type") == "copy_at":  # train.save_every_s: a copy of that step (worker/periodic.py)
+            self.periodic.ask(int(msg["step"]))
         elif msg.get("type") == "dropped" and not self._stopping:  # declared failed: its rank is replaced
             log.error("the coordinator declared this worker failed (%s): exiting without a copy or a requeue", str(msg.get("why"))[:300])
             exit_now(EXIT_COORDINATOR_LOST)
@@ -239,6 +241,8 @@ class Worker(Interruptible, PeerState, StorageCopy):
             elif kind == "abort":
                 self._fire_due("recovery", self.step)
                 self._send_held(int(msg["gen"]), reason="abort")
+            elif kind == "copy_at":
+                pass  # taken on arrival (_on_message)
             elif kind == "inject":
                 self._fire(self.faults[int(msg["index"])], self.step)
             elif kind == "stop":
