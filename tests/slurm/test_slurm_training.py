@@ -199,6 +199,20 @@ def test_sharded_job_saves_every_shard_requeues_and_resumes(slurm_env, tmp_path,
     assert s["final_state_sha256"] == baseline(*cfg)
 
 
+def test_a_new_job_resumes_from_a_periodic_copy_bitwise(slurm_env, tmp_path, baseline):
+    """resume_from on Slurm: a local run left a copy of step 12 (train.save_every); a Slurm job
+    started from it trains steps 12..24 and ends with the uninterrupted run's hash."""
+    cfg = ("task=mlp", "train.steps=24")
+    first = baseline.result(*cfg, "train.save_every=12")
+    copy = first.run_dir / "saved" / "step12"
+    assert (copy / "index.json").is_file(), sorted(p.name for p in first.run_dir.iterdir())
+    job = _submit(tmp_path, *cfg, f"resume_from={copy}")
+    s = _finished(job, tmp_path)
+    assert s["status"] == "completed" and s["resumed_from"]["step"] == 12, s
+    assert min(e["step"] for e in _events(tmp_path) if e["event"] == "step") == 13
+    assert s["final_state_sha256"] == first.summary["final_state_sha256"]
+
+
 def test_sbatch_template(slurm_env, tmp_path, baseline):
     cfg = ("task=mlp", "train.steps=50")
     env = dict(os.environ, CKPTLESS_RUN_DIR=str(tmp_path / "run"), PYTHON=sys.executable)
