@@ -118,18 +118,18 @@ def test_nonfinite_loss_stops_at_the_last_finite_state(job):
 
 
 def test_skipping_past_max_skipped_fraction_stops_with_exit_7_and_strict_json(job):
-    """optim.lr=1e9 with on_nonfinite=skip: every step after the first is non-finite. The 7th
-    (of 60 steps, max_skipped_fraction=0.1 allows 6) stops the job as on_nonfinite=stop does,
-    the state saved the user's only; every file of the record is strict JSON (no bare NaN)."""
-    res = job(*MLP, "optim.lr=1e9", "train.on_nonfinite=skip")
+    """on_nonfinite=skip with steps 3-12 of 60 non-finite: the 7th of them (step 9; the default
+    max_skipped_fraction=0.1 allows 6) stops the job as on_nonfinite=stop does, the state saved
+    the user's only; every file of the record is strict JSON (no bare NaN)."""
+    res = job(*_task("NanAtStepMLP"), f"+task.nan_steps={list(range(3, 13))}", "train.on_nonfinite=skip", env=TASKS)
     assert res.rc == 7, res.out[-3000:]
     s = json.loads((res.run_dir / "summary.json").read_text(), parse_constant=_refuse)
     assert s["status"] == "nonfinite" and s["skipped_steps"]["nonfinite"] == 6, s
     assert "train.on_nonfinite=skip has dropped 6 of train.steps=60 steps already, the most train.max_skipped_fraction=0.1 allows" in s["error"], s["error"]
-    assert "HINT" in s["error"] and s["saved_state"]["step"] == s["steps_completed"] == 7
+    assert "HINT" in s["error"] and s["saved_state"]["step"] == s["steps_completed"] == 9 and "step 9 (0-based)" in s["error"]
     for line in (res.run_dir / "events.jsonl").read_text().splitlines():
         json.loads(line, parse_constant=_refuse)
-    assert [e["loss"] for e in res.of("step") if e.get("skipped")][:1] in (["nan"], ["inf"]), "a non-finite loss is named, as a string"
+    assert [e["loss"] for e in res.of("step") if e.get("skipped")] == ["nan"] * 6, "a non-finite loss is named, as a string"
     assert stat.S_IMODE(os.stat(s["saved_state"]["path"]).st_mode) == 0o600  # the user's model: the user's only
     assert stat.S_IMODE(os.stat(res.run_dir).st_mode) == 0o700
 
