@@ -7,11 +7,13 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException, OverrideParseException
 from omegaconf import DictConfig
 
 from hydra.experimental.callback import Callback
 
 from .config import ConfigError, register_configs, validate
+from .record import make_private
 
 register_configs()
 
@@ -26,6 +28,7 @@ def main(cfg: DictConfig) -> int:
         print(f"ckptless_hpc: {e}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)
     run_dir = HydraConfig.get().runtime.output_dir
+    make_private(run_dir)
     if cfg.dry_run:
         from .launch.dryrun import dry_run
 
@@ -69,4 +72,30 @@ def entry() -> None:
         from .tools import main as tools_main
 
         sys.exit(tools_main(sys.argv[1:]))
-    main()
+    try:
+        main()
+    except SystemExit as e:  # Hydra reports a config it cannot compose, then exits 1: that is exit 2 here
+        if e.code == 1 and isinstance(e.__context__, _COMPOSITION_ERRORS):
+            _composition_failed(e.__context__)
+        raise
+    except _COMPOSITION_ERRORS as e:  # HYDRA_FULL_ERROR=1: Hydra re-raised it (with its traceback, below)
+        _composition_failed(e)
+
+
+_COMPOSITION_ERRORS = (ConfigCompositionException, OverrideParseException)
+
+
+def _composition_failed(e: BaseException) -> None:
+    """An unknown key, a value of the wrong type, an unknown config group option or a malformed
+    override: Hydra has said what (above); add the field and the HINT, and exit 2 as
+    validation does (docs/failure-semantics.md)."""
+    cause = e.__cause__ if e.__cause__ is not None and str(e.__cause__) else e
+    key = getattr(cause, "full_key", None)
+    what = (str(cause).splitlines() or [type(cause).__name__])[0].rstrip(".")
+    print(
+        f"ckptless_hpc: invalid configuration: {f'{key}: ' if key else ''}{what}. "
+        "HINT: check the key's spelling and the value's type against docs/configuration.md; "
+        "`python -m ckptless_hpc --cfg job` prints every key with its value",
+        file=sys.stderr,
+    )
+    sys.exit(EXIT_CONFIG)

@@ -7,6 +7,7 @@ starts and raises ``ConfigError`` naming the field, the value seen and a hint.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
@@ -15,6 +16,10 @@ from omegaconf import MISSING
 
 FAULT_KINDS = ("none", "kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
 FAULT_MOMENTS = ("step", "update", "recovery", "send", "receive", "optimizer")
+
+
+#: A worker silent this long is hung: a larger cluster.heartbeat_timeout_s would turn hang detection off.
+MAX_HEARTBEAT_TIMEOUT_S = 3600.0
 
 
 class ConfigError(ValueError):
@@ -32,6 +37,7 @@ class TrainConfig:
     clip_grad_norm: Optional[float] = None  # clip the global gradient norm to this (null: no clipping)
     precision: str = "fp32"  # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler)
     on_nonfinite: str = "stop"  # a non-finite loss / grad norm: stop (keep the last finite state, exit 7) | skip
+    max_skipped_fraction: float = 0.1  # on_nonfinite=skip drops at most this fraction of train.steps; the next one stops the job (exit 7)
     data_workers: int = 0  # DataLoader worker processes per rank (0: batches made in the training thread)
     prefetch: int = 2  # micro-batches each data worker prepares ahead
     bucket_mb: float = 16.0  # gradient allreduce bucket size (MiB)
@@ -78,7 +84,7 @@ class ClusterConfig:
     fetch_parallel: int = 4  # a replacement fetches disjoint parts of its state from up to this many sources at once
     gloo_lazy_connect: bool = False  # gloo connects a new generation's pairs on first use (TORCH_GLOO_LAZY_INIT) instead of at formation
     startup_timeout_s: float = 300.0  # workers must connect and build the model within this
-    exit_timeout_s: float = 10.0  # workers exit this long after losing their coordinator
+    exit_timeout_s: float = 10.0  # at the end, workers still running this long after their stop are killed
 
 
 @dataclass
@@ -239,6 +245,13 @@ def validation_errors(cfg: Any) -> List[str]:
     need(c.max_refills >= 0, "cluster.max_refills", c.max_refills, "must be >= 0", "set cluster.max_refills=0 to never refill")
     need(c.heartbeat_interval_s > 0, "cluster.heartbeat_interval_s", c.heartbeat_interval_s, "must be > 0", "0.5 is a good default")
     need(
+        math.isfinite(c.heartbeat_timeout_s) and c.heartbeat_timeout_s <= MAX_HEARTBEAT_TIMEOUT_S,
+        "cluster.heartbeat_timeout_s",
+        c.heartbeat_timeout_s,
+        f"must be at most {MAX_HEARTBEAT_TIMEOUT_S:.0f} s: a larger value turns hang detection off (a hung worker would stall the job that long)",
+        "keep the default 3.0, or a few times the longest pause a worker's heartbeat thread can see (e.g. 30)",
+    )
+    need(
         c.heartbeat_timeout_s >= 2 * c.heartbeat_interval_s,
         "cluster.heartbeat_timeout_s",
         c.heartbeat_timeout_s,
@@ -247,7 +260,7 @@ def validation_errors(cfg: Any) -> List[str]:
     )
     for name in ("collective_timeout_s", "recovery_timeout_s", "startup_timeout_s", "exit_timeout_s"):
         v = getattr(c, name)
-        need(v > 0, f"cluster.{name}", v, "must be > 0", "use a positive number of seconds")
+        need(v > 0 and math.isfinite(v), f"cluster.{name}", v, "must be a finite number > 0", "use a positive number of seconds (no inf: it would wait forever)")
     need(t.steps >= 1, "train.steps", t.steps, "must be >= 1", "set train.steps=100")
     need(t.threads >= 1, "train.threads", t.threads, "must be >= 1", "set train.threads=1")
     need(t.log_every >= 1, "train.log_every", t.log_every, "must be >= 1", "set train.log_every=10")
@@ -308,6 +321,11 @@ def _train_step_errors(t: Any, need: Callable[..., None]) -> None:
     need(clip is None or (isinstance(clip, (int, float)) and clip > 0), "train.clip_grad_norm", clip, "must be > 0 or null", "e.g. train.clip_grad_norm=1.0; null turns clipping off")
     need(t.precision in PRECISIONS, "train.precision", t.precision, "unknown precision", f"use one of {', '.join(PRECISIONS)}")
     need(t.on_nonfinite in NONFINITE_POLICIES, "train.on_nonfinite", t.on_nonfinite, "unknown policy", "use stop (end the job at the last finite state) or skip (drop the step)")
+    f = t.max_skipped_fraction
+    need(
+        isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1, "train.max_skipped_fraction", f, "must be in [0, 1]",
+        "e.g. train.max_skipped_fraction=0.1 (on_nonfinite=skip drops at most 10% of train.steps); 1.0 sets no limit",
+    )
     need(_is_int(t.data_workers) and t.data_workers >= 0, "train.data_workers", t.data_workers, "must be an integer >= 0", "0 makes batches in the training thread; 2 runs a DataLoader with 2 worker processes")
     need(_is_int(t.prefetch) and t.prefetch >= 1, "train.prefetch", t.prefetch, "must be an integer >= 1", "e.g. train.prefetch=2 micro-batches per data worker")
     need(_is_int(t.save_every) and t.save_every >= 0, "train.save_every", t.save_every, "must be an integer >= 0", "e.g. train.save_every=500 (steps); 0 writes no periodic copy")

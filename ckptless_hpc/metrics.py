@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
-import json
+import os
 import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
+
+from .record import dumps, write_failure
 
 
 class EventLog:
-    """One JSON object per line; every event says job, generation, rank, node and step."""
+    """One strict-JSON object per line; every event says job, generation, rank, node and step.
 
-    def __init__(self, path: str, job: str, clock: Any = time.time) -> None:
-        self._f: IO[str] = open(path, "a", encoding="utf-8")
+    A write that fails (a full disk, a quota, a read-only or vanished run directory) never
+    raises into the caller, which is a control handler: the log stops there (what is on disk
+    stays readable; at most its last line is torn, and readers skip a torn last line), and
+    ``on_error(path, message)`` is told once, the message naming the path and the fix.
+    """
+
+    def __init__(self, path: str, job: str, clock: Any = time.time, on_error: Optional[Callable[[str, str], None]] = None) -> None:
+        self.path = path
+        self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         self.job = job
         self._clock = clock
         self.t0 = clock()
+        self.on_error = on_error
+        self.error: Optional[str] = None
 
     def emit(
         self, event: str, *, gen: Optional[int] = None, rank: Optional[int] = None, node: Optional[str] = None, step: Optional[int] = None,
@@ -27,12 +38,26 @@ class EventLog:
         now = self._clock() if at is None else at
         rec = {"event": event, "time": round(now, 6), "t": round(now - self.t0, 6), "job": self.job, "gen": gen, "rank": rank, "node": node, "step": step}
         rec.update(fields)
-        self._f.write(json.dumps(rec, separators=(",", ":"), default=str) + "\n")
-        self._f.flush()
+        if self._fd is not None:
+            self._write((dumps(rec, separators=(",", ":"), default=str) + "\n").encode())
         return rec
 
+    def _write(self, data: bytes) -> None:
+        assert self._fd is not None
+        try:
+            view = memoryview(data)
+            while view:  # a short write (the disk filled up mid-line) is followed by the real error
+                view = view[os.write(self._fd, view):]
+        except OSError as e:
+            self.error = f"cannot write {self.path}: {write_failure(e, self.path)}; the events after this one are not recorded"
+            self.close()
+            if self.on_error is not None:
+                self.on_error(self.path, self.error)
+
     def close(self) -> None:
-        self._f.close()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
 
 @dataclass
@@ -157,31 +182,49 @@ def goodput(productive_s: float, wall_s: float) -> float:
 class TensorBoardSink:
     """Training curves and recoveries for TensorBoard (``train.tensorboard=true``): one writer in
     the coordinator, fed by rank 0's per-step metrics and by each finished recovery. Imports
-    ``torch.utils.tensorboard`` (and so torch) only when asked for."""
+    ``torch.utils.tensorboard`` (and so torch) only when asked for. A write that fails (its
+    thread meets a full disk) stops the curves, never the job: ``on_error(path, message)`` once."""
 
-    def __init__(self, logdir: str) -> None:
+    def __init__(self, logdir: str, on_error: Optional[Callable[[str, str], None]] = None) -> None:
         from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package
 
         self.logdir = logdir
-        self._w = SummaryWriter(log_dir=logdir)
+        self.on_error = on_error
+        self._w: Any = SummaryWriter(log_dir=logdir)
 
     def step(self, step: int, loss: float, lr: Optional[float], grad_norm: Optional[float], step_s: float, samples_per_s: Optional[float]) -> None:
-        w = self._w
-        w.add_scalar("train/loss", loss, step)
-        if lr is not None:
-            w.add_scalar("train/lr", lr, step)
-        if grad_norm is not None:
-            w.add_scalar("train/grad_norm", grad_norm, step)
-        w.add_scalar("perf/step_s", step_s, step)
-        if samples_per_s:
-            w.add_scalar("perf/samples_per_s", samples_per_s, step)
+        scalars = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm, "perf/step_s": step_s, "perf/samples_per_s": samples_per_s or None}
+        self._add(step, {k: v for k, v in scalars.items() if v is not None})
 
     def recovery(self, step: int, report: Dict[str, Any]) -> None:
-        for k in ("downtime_s", "detect_s", "reconfigure_s", "transfer_s", "resume_s"):
-            self._w.add_scalar(f"recovery/{k}", report[k], step)
+        self._add(step, {f"recovery/{k}": report[k] for k in ("downtime_s", "detect_s", "reconfigure_s", "transfer_s", "resume_s")})
+
+    def _add(self, step: int, scalars: Dict[str, float]) -> None:
+        if self._w is None:
+            return
+        try:
+            for tag, value in scalars.items():
+                self._w.add_scalar(tag, value, step)
+        except Exception as e:  # noqa: BLE001 - the writer re-raises its thread's failure (an OSError, or torch's wrapping of one)
+            self._fail(e)
+
+    def _fail(self, e: BaseException) -> None:
+        w, self._w = self._w, None
+        try:
+            w.close()
+        except Exception:  # noqa: BLE001 - it failed already: what it still held is lost
+            pass
+        if self.on_error is not None:
+            self.on_error(self.logdir, f"cannot write {self.logdir}: {write_failure(e, os.path.join(self.logdir, 'events'))}; the TensorBoard curves stop here")
 
     def close(self) -> None:
-        self._w.close()
+        if self._w is None:
+            return
+        try:
+            self._w.close()
+            self._w = None
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
 
 
 def tensorboard_missing() -> Optional[str]:

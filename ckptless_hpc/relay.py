@@ -35,11 +35,13 @@ import asyncio
 import json
 import logging
 import os
+import hashlib
+import hmac
 import socket
+import stat
 import sys
 import tempfile
 import time
-from hashlib import sha1
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from . import protocol
@@ -49,11 +51,35 @@ log = logging.getLogger("ckptless_hpc.relay")
 Target = Union[str, Sequence[str]]
 
 
-def socket_path(run_dir: str, node: str) -> str:
-    """The node-local socket of ``node``'s relay for the job in ``run_dir`` (short: a Unix
-    socket path is limited to 107 bytes, a run dir is not)."""
-    digest = sha1(f"{os.path.abspath(run_dir)}|{node}".encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), f"ckptless-relay-{digest}.sock")
+def socket_path(secret: str, node: str) -> str:
+    """The node-local socket of ``node``'s relay (Slurm: worked out by every task of the node's
+    step alike): in a directory of its own under the temp dir, named from the job's secret, so
+    that another user of the node can neither guess it nor take it first; the relay creates it
+    0700 (:func:`private_dir`). Short: a Unix socket path is limited to 107 bytes."""
+    digest = hmac.new(secret.encode(), f"relay|{node}".encode(), hashlib.sha256).hexdigest()[:20]
+    return os.path.join(tempfile.gettempdir(), f"ckptless-relay-{digest}", "relay.sock")
+
+
+class RelayError(RuntimeError):
+    """The relay cannot listen where it was told; the message names the path and the fix."""
+
+
+def private_dir(path: str) -> None:
+    """The directory of the socket ``path``: created 0700, or one already there that is this
+    user's and private (a launcher's ``mkdtemp``); anything else is refused, never used."""
+    d = os.path.dirname(path)
+    try:
+        os.mkdir(d, 0o700)
+        return
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise RelayError(
+            f"the relay's socket directory {d} exists and is not a private directory of this user "
+            f"(owner uid {st.st_uid}, mode {oct(stat.S_IMODE(st.st_mode))}): the relay does not listen in it. "
+            "HINT: remove it; a relay's directory is created by the relay (mode 0700) or by the launcher (mkdtemp)"
+        )
 
 
 UP = b'{"type":"up","m":['
@@ -205,9 +231,10 @@ class Relay:
 
     async def run(self) -> str:
         self.done = asyncio.get_running_loop().create_future()
+        private_dir(self.path)  # first: nobody else gets to make it while the coordinator is reached
         await self.up.connect(self.coordinator, self.secret, self.host)
         if os.path.exists(self.path):
-            os.unlink(self.path)  # a previous relay's socket (same job dir and node): ours now
+            os.unlink(self.path)  # a previous relay's socket (same job and node, in our own directory): ours now
         server = await asyncio.start_unix_server(self._handle, path=self.path)
         os.chmod(self.path, 0o600)
         log.info("node %s: relay for the coordinator at %s, workers at %s", self.node, self.coordinator, self.path)
@@ -217,10 +244,11 @@ class Relay:
             server.close()
             for w in self.local.values():
                 w.close()
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            for leave in (os.unlink, os.rmdir):  # the socket, then its directory once empty (a launcher's holds other nodes' too)
+                try:
+                    leave(self.path if leave is os.unlink else os.path.dirname(self.path))
+                except OSError:
+                    pass
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

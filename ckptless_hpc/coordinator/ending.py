@@ -6,13 +6,13 @@ failed, non-finite, start-up error), and the summary.json it leaves. Mixed into
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from typing import Any, Dict, Optional
 
 from ..config import fault_list
 from ..metrics import goodput
+from ..record import PRIVATE_DIR_MODE, RecordError, write_failure, write_json
 from ..state.placement import plan_shards
 from .inbox import Exported, ExportFailed, LoadFailed, Message, NonFinite, PeriodicFailed, PeriodicSaved, Saved, SaveFailed, StartupError
 from .membership import WorkerRec
@@ -62,7 +62,7 @@ class Ending:
             self._emit("load_failed", rec, path=m.path, error=m.error)
         elif isinstance(m, NonFinite):
             if self.nonfinite is None:
-                self.nonfinite = {"step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "rank": m.rank, "held": m.held, "worker": rec.wid, "node": rec.node}
+                self.nonfinite = {"step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "rank": m.rank, "held": m.held, "worker": rec.wid, "node": rec.node, "skipped": m.skipped}
                 self._emit("nonfinite", rec, step=m.step, loss=m.loss, grad_norm=m.grad_norm)
         elif isinstance(m, StartupError):
             self.fatal = f"worker {rec.wid} on node {rec.node} failed at start-up:\n{m.traceback.rstrip()}"
@@ -125,7 +125,12 @@ class Ending:
     async def _write_shards(self, folder: str, writers: Dict[int, str], step: int) -> bool:
         """Each shard of the state of ``step`` written to ``folder`` by its writer (shard -> worker);
         True once every one is written, False when one failed or died, or time ran out."""
-        os.makedirs(folder, exist_ok=True)
+        try:
+            os.makedirs(folder, mode=PRIVATE_DIR_MODE, exist_ok=True)
+        except OSError as e:
+            self.save_error = f"cannot create {folder}: {write_failure(e, folder)}"
+            log.error("%s", self.save_error)
+            return False
         self.shard_saves = {}
         for shard, wid in sorted(writers.items()):
             name = "state.pt" if not self.layout.sharded else f"shard{shard}.pt"
@@ -143,12 +148,7 @@ class Ending:
         writers: Dict[int, str] = {}
         for w in sorted(done, key=lambda w: self.workers[w].rank):
             writers.setdefault(self.layout.shard_of.get(self.workers[w].rank, 0), w)
-        try:
-            written = await self._write_shards(os.path.join(folder, "state"), writers, step)
-        except OSError as e:
-            self.save_error = f"cannot create {folder}: {e.strerror}"
-            written = False
-        if not written:
+        if not await self._write_shards(os.path.join(folder, "state"), writers, step):
             return {"error": f"the final state was not written: {self.save_error or 'a writer did not answer'}"}
         files = [self.shard_saves[k]["path"] for k in sorted(self.shard_saves)]
         self.final = None
@@ -201,9 +201,18 @@ class Ending:
             where = f"the last finite state, after {saved['step']} committed steps, is saved to {saved['path']}"
         else:
             where = self._where_saved(saved).rstrip(". ")
+        t = self.cfg.train
+        if nf.get("skipped") is None:
+            why, hint = "train.on_nonfinite=stop", "set train.on_nonfinite=skip to drop such steps"
+        else:
+            why = (
+                f"train.on_nonfinite=skip has dropped {nf['skipped']} of train.steps={t.steps} steps already, "
+                f"the most train.max_skipped_fraction={t.max_skipped_fraction} allows"
+            )
+            hint = "raise train.max_skipped_fraction (1.0: no limit) only if dropping that many steps is what you want"
         msg = (
-            f"step {nf.get('step')} (0-based): {what} is not finite (rank {nf.get('rank')} on node {nf.get('node')}, train.on_nonfinite=stop); "
-            f"{where}. HINT: lower optim.lr, set train.clip_grad_norm, or set train.on_nonfinite=skip to drop such steps"
+            f"step {nf.get('step')} (0-based): {what} is not finite (rank {nf.get('rank')} on node {nf.get('node')}, {why}); "
+            f"{where}. HINT: lower optim.lr, set train.clip_grad_norm, or {hint}"
         )
         log.error(msg)
         self._emit("emergency_save", reason="non-finite step", saved=saved)
@@ -267,9 +276,13 @@ class Ending:
             "parallel": self._layout_summary(),
             "resumed_from": self.resume,
             "run_dir": self.run_dir,
+            "record_errors": self.write_failures.messages,  # files of the run record that could not be written (record.py)
         }
-        with open(os.path.join(self.run_dir, "summary.json"), "w", encoding="utf-8") as f:
-            json.dump(summary, f, indent=2)
-        self._emit("job_finished", status=status, exit_code=code, error=error)
         self.summary = summary
+        try:
+            write_json(os.path.join(self.run_dir, "summary.json"), summary)
+        except RecordError as e:  # the job's own exit code stands: the result goes to the console (run.human_summary)
+            self.write_failures.report(e.path, str(e))
+            summary["record_errors"] = self.write_failures.messages
+        self._emit("job_finished", status=status, exit_code=code, error=error)
         return code

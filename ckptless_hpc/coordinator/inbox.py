@@ -164,6 +164,7 @@ class NonFinite:
     rank: Optional[int] = None
     gen: Optional[int] = None
     held: Optional[int] = None
+    skipped: Optional[int] = None  # on_nonfinite=skip: refused because this many steps were dropped already (train.max_skipped_fraction)
 
 
 @dataclass(frozen=True)

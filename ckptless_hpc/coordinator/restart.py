@@ -8,10 +8,11 @@ worker's last resort (worker/last_resort.py) when the coordinator itself is gone
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, Optional
+
+from ..record import write_json
 
 FILE = "restart.json"
 
@@ -37,12 +38,9 @@ class Restart:
 
 
 def write(run_dir: str, restart: Restart) -> str:
-    """Replace ``run_dir``/restart.json with ``restart`` in one step; its path."""
+    """Replace ``run_dir``/restart.json with ``restart`` in one step (record.atomic_write); its path."""
     path = os.path.join(run_dir, FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(restart.to_json(), f, indent=2)
-    os.replace(tmp, path)
+    write_json(path, restart.to_json())  # RecordError (the old file untouched) when it cannot
     return path
 
 

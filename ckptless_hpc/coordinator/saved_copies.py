@@ -5,12 +5,13 @@ complete copies are kept. The record of the newest is what a requeued job may st
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
 import shutil
 from typing import Any, Dict, List, Optional
+
+from ..record import RecordError, write_json
 
 log = logging.getLogger("ckptless_hpc.coordinator")
 _STEP = re.compile(r"^step(\d+)$")
@@ -45,13 +46,10 @@ class SavedCopies:
         folder = os.path.dirname(got[0].path)
         files = {str(k): {"file": os.path.basename(p.path), "sha256": p.sha256, "bytes": p.bytes, "state_sha256": p.state_sha256} for k, p in sorted(got.items())}
         index = {"format": 1, "mode": self.mode, "step": m.step, "files": files}
-        tmp = os.path.join(folder, "index.json.tmp")
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(index, f, indent=2)
-            os.replace(tmp, os.path.join(folder, "index.json"))
-        except OSError as e:
-            log.error("the copy of step %d is written but its index is not (%s in %s): it is not used. HINT: free space there", m.step, e.strerror, folder)
+            write_json(os.path.join(folder, "index.json"), index)
+        except RecordError as e:
+            log.error("the copy of step %d is written but not its index, so it is not used: %s", m.step, e)
             return None
         if self.shards == 1:
             rec = {"path": got[0].path, "step": m.step, "sha256": got[0].state_sha256}

@@ -32,6 +32,7 @@ from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, Metrics, Rea
 from ..launch import background
 from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink
 from ..progress import ConsoleEcho, Progress
+from ..record import Failures, RecordError
 from ..faults import KILLS, faults_from_config, spare_fault_due
 from .detector import StallMeter, StragglerWatch, StragglerWindow, silent_workers
 from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec, loss_kind
@@ -66,7 +67,8 @@ class Coordinator(Channel, Ending):
         c = cfg.cluster
         self.wpn = c.workers_per_node
         self.world = c.nodes * c.workers_per_node
-        self.events = EventLog(os.path.join(run_dir, "events.jsonl"), job_id, clock)
+        self.write_failures = Failures()  # the run record's writes that failed (record.py): said once, never raised
+        self.events = EventLog(os.path.join(run_dir, "events.jsonl"), job_id, clock, on_error=self.write_failures.report)
         self.members = Membership(self.wpn)
         self.layout = Layout(cfg)
         self.gen = -1
@@ -388,7 +390,7 @@ class Coordinator(Channel, Ending):
         self._store_ready.set()
         self._persist()
         if self.cfg.train.tensorboard:
-            self.tensorboard = TensorBoardSink(os.path.join(self.run_dir, "tensorboard"))
+            self.tensorboard = TensorBoardSink(os.path.join(self.run_dir, "tensorboard"), on_error=self.write_failures.report)
         watch = asyncio.ensure_future(self._heartbeat_watch())
         echo = asyncio.ensure_future(self.console.follow(lambda: self.stopping))
         thresholds = gc.get_threshold()
@@ -585,9 +587,13 @@ class Coordinator(Channel, Ending):
         self._notify()
 
     def _persist(self) -> None:
-        """What a requeued job needs: the emergency copy, nodes never to use again, faults fired."""
+        """What a requeued job needs: the emergency copy, nodes never to use again, faults fired.
+        A write that fails is said once and leaves the previous restart.json as it was."""
         newest = max((c for c in (self.saved, self.copies.newest, self.resume) if c), key=lambda c: c["step"], default=None)
-        write_restart(self.run_dir, Restart.of(newest, self.bad_nodes, self.faults_done, self.launcher.batch_node))
+        try:
+            write_restart(self.run_dir, Restart.of(newest, self.bad_nodes, self.faults_done, self.launcher.batch_node))
+        except RecordError as e:
+            self.write_failures.report(e.path, f"{e}; a requeued job would resume from what it said before")
 
     def restore(self, state: Dict[str, Any]) -> None:
         """Start from a previous run's restart.json (after a requeue)."""

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..coordinator.continuity import Identity, proc_identity
 from ..protocol import SECRET_ENV
-from ..relay import socket_path as relay_socket
 from .base import Launcher
 
 ExitCallback = Callable[[str, int], None]
@@ -25,10 +26,11 @@ class LocalLauncher(Launcher):
     local nodes are never reused anyway (replacements get new names)."""
 
     def __init__(self, nodes: int, spare_nodes: int, max_refills: int, bind_host: str, threads: int, log_dir: str, secret: str,
-                 relay: Optional[Tuple[str, float]] = None) -> None:
+                 relay_interval_s: Optional[float] = None) -> None:
         self.nodes, self.spare_nodes, self.max_refills = nodes, spare_nodes, max_refills
         self.bind_host, self.threads, self.log_dir, self.secret = bind_host, threads, log_dir, secret
-        self.relay = relay  # cluster.control=node: (run dir, heartbeat interval): a relay process per node
+        self.relay_interval_s = relay_interval_s  # cluster.control=node: a relay process per node, summaries at this interval
+        self._relay_dir: Optional[str] = None  # their sockets' directory: private (mkdtemp, 0700), made before any relay starts
         self._relays: Dict[str, Any] = {}  # node -> its relay process
         self._procs: Dict[str, Any] = {}
         self._launched: Dict[str, Optional[Identity]] = {}  # worker -> (pid, start ticks) at launch
@@ -41,7 +43,7 @@ class LocalLauncher(Launcher):
     @classmethod
     def from_config(cls, cfg: Any, run_dir: str, secret: str) -> "LocalLauncher":
         c = cfg.cluster
-        relay = (run_dir, float(c.heartbeat_interval_s)) if c.control == "node" else None
+        relay = float(c.heartbeat_interval_s) if c.control == "node" else None
         return cls(c.nodes, c.spare_nodes, c.max_refills, c.bind_host, cfg.train.threads, os.path.join(run_dir, "logs"), secret, relay)
 
     def requeue(self, reason: str) -> Optional[str]:
@@ -80,9 +82,11 @@ class LocalLauncher(Launcher):
         started = []
         pgid = 0  # the node's first process leads a new process group; the others join it
         via: List[str] = []
-        if self.relay is not None:  # the node's relay first (relay.py): the workers connect through it
-            path = relay_socket(self.relay[0], name)
-            argv = [sys.executable, "-m", "ckptless_hpc.relay", "--coordinator", coordinator, "--node", name, "--path", path, "--interval", str(self.relay[1]), "--host", self.bind_host]
+        if self.relay_interval_s is not None:  # the node's relay first (relay.py): the workers connect through it
+            if self._relay_dir is None:
+                self._relay_dir = tempfile.mkdtemp(prefix="ckptless-relay-")
+            path = os.path.join(self._relay_dir, f"{name}.sock")
+            argv = [sys.executable, "-m", "ckptless_hpc.relay", "--coordinator", coordinator, "--node", name, "--path", path, "--interval", str(self.relay_interval_s), "--host", self.bind_host]
             with open(os.path.join(self.log_dir, f"relay-{name}.log"), "ab") as out:
                 proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=0)
             self._relays[name] = proc
@@ -130,6 +134,8 @@ class LocalLauncher(Launcher):
                 except ProcessLookupError:
                     pass
             await relay.wait()
+        if self._relay_dir is not None:  # a killed relay leaves its socket behind
+            shutil.rmtree(self._relay_dir, ignore_errors=True)
         for t in self._waiters:
             try:
                 await asyncio.wait_for(t, timeout=5)

@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional
 
 from ..coordinator.server import Coordinator
 from ..protocol import new_secret
+from ..record import RecordFileHandler
 
 log = logging.getLogger("ckptless_hpc")
 
@@ -40,7 +41,7 @@ def setup_logging(run_dir: str, job_id: str) -> JobContext:
     for h in list(root.handlers):
         root.removeHandler(h)
     console = logging.StreamHandler(sys.stdout)
-    logfile = logging.FileHandler(os.path.join(run_dir, "coordinator.log"))
+    logfile = RecordFileHandler(os.path.join(run_dir, "coordinator.log"))  # a full disk: said once, the console goes on
     for h in (console, logfile):
         h.setFormatter(fmt)
         h.addFilter(context)
@@ -104,5 +105,6 @@ def human_summary(s: Dict[str, Any]) -> str:
         )
     if s.get("error"):
         lines.append(f"error        {s['error']}")
+    lines += [f"NOT RECORDED {why}" for why in s.get("record_errors") or ()]
     lines.append(f"run dir      {s['run_dir']}")
     return "\n".join(lines)

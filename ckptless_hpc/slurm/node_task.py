@@ -4,7 +4,8 @@
 the others are the workers, local index = ``SLURM_PROCID``, connected through it.
 
 The relay's socket is node-local: its path is worked out here, on the node (its temp dir), from
-the job and the node, the same for every task of the step.
+the job's secret and the node, the same for every task of the step and never on a command line
+(relay.socket_path: another user of the node cannot guess it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import sys
 from typing import List, Optional
 
+from ..protocol import load_secret
 from ..relay import socket_path
 from .env import SlurmEnvironment
 
@@ -28,7 +30,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     procid, ntasks = env.procid, env.ntasks
     if procid is None or not ntasks or ntasks < 2:
         p.error(f"expects to be a task of a node's srun step with workers_per_node + 1 tasks (SLURM_PROCID={procid}, SLURM_NTASKS={ntasks})")
-    path = socket_path(f"{env.job_id}|{a.coordinator}", a.node)
+    path = socket_path(load_secret(), a.node)
     if procid == ntasks - 1:
         from .. import relay
 

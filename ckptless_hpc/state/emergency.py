@@ -25,6 +25,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from ..record import PRIVATE_DIR_MODE, STATE_FILE_MODE, fsync_dir, remove_quietly, write_failure
 from .snapshot import Entries, state_sha256
 
 log = logging.getLogger("ckptless_hpc.state")
@@ -35,19 +36,6 @@ FORMAT = 1
 class EmergencyCopyError(Exception):
     """The copy could not be written, or a copy read back is missing or damaged; the message
     names the path, what was wrong and what to do."""
-
-
-def _hint_for(e: OSError, path: str) -> str:
-    where = os.path.dirname(path) or "."
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"no space left on the filesystem holding {where}. HINT: free space there (or raise the quota), or run with hydra.run.dir on a filesystem with room"
-    if e.errno == errno.EROFS:
-        return f"{where} is on a read-only filesystem. HINT: run with hydra.run.dir on a writable filesystem (or remount it read-write)"
-    if e.errno in (errno.EACCES, errno.EPERM):
-        return f"permission denied in {where}. HINT: make it writable for this user, or run with hydra.run.dir on a directory it can write"
-    if e.errno == errno.EFBIG:
-        return f"the file size limit was reached writing in {where}. HINT: raise the limit (ulimit -f) for the job"
-    return f"{e.strerror or e}. HINT: check the filesystem holding {where}"
 
 
 def record_of(path: str, meta: Dict[str, Any], sha256: str, written: bool) -> Dict[str, Any]:
@@ -69,24 +57,24 @@ def write(path: str, entries: Entries, meta: Dict[str, Any], describe: str = "")
         return kept
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(tmp, "wb") as f:
+        os.makedirs(os.path.dirname(path) or ".", mode=PRIVATE_DIR_MODE, exist_ok=True)
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, STATE_FILE_MODE), "wb") as f:  # the user's model: the user's only
             torch.save({"format": FORMAT, "meta": meta, "entries": {n: t.detach().cpu() for n, t in entries}, "sha256": sha}, f)
             f.flush()
             os.fsync(f.fileno())
         read(tmp, sha)  # what is on disk is what was meant, before it replaces anything
         os.replace(tmp, path)
-        _fsync_dir(os.path.dirname(path) or ".")
+        fsync_dir(os.path.dirname(path) or ".")
     except OSError as e:
-        _remove(tmp)
-        raise EmergencyCopyError(f"cannot write the emergency copy of step {step} to {path}: {_hint_for(e, path)}. {_previous(previous, path)}") from None
+        remove_quietly(tmp)
+        raise EmergencyCopyError(f"cannot write the emergency copy of step {step} to {path}: {write_failure(e, path)}. {_previous(previous, path)}") from None
     except EmergencyCopyError as e:
-        _remove(tmp)
+        remove_quietly(tmp)
         raise EmergencyCopyError(f"the emergency copy of step {step} read back damaged ({e}); {_previous(previous, path)}") from None
     except RuntimeError as e:  # torch's writer wraps the OSError of a failed write
-        _remove(tmp)
+        remove_quietly(tmp)
         cause = _os_error_in(e)
-        why = _hint_for(cause, path) if cause is not None else f"{e}. HINT: check the filesystem holding {os.path.dirname(path)}"
+        why = write_failure(cause, path) if cause is not None else f"{e}. HINT: check the filesystem holding {os.path.dirname(path)}"
         raise EmergencyCopyError(f"cannot write the emergency copy of step {step} to {path}: {why}. {_previous(previous, path)}") from None
     rec = record_of(path, meta, sha, True)
     log.info("%sstate of step %d written to %s (%.1f MB, sha256 %s)", describe, step, path, rec["bytes"] / 1e6, sha[:12])
@@ -162,18 +150,3 @@ def _os_error_in(e: BaseException) -> Optional[OSError]:
         if os.strerror(code) in text:
             return OSError(code, os.strerror(code))
     return None
-
-
-def _fsync_dir(d: str) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove(p: str) -> None:
-    try:
-        os.unlink(p)
-    except OSError:
-        pass

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from ..record import fsync_dir, remove_quietly, write_failure
 from . import emergency
 from .snapshot import state_sha256
 
@@ -168,8 +169,9 @@ def write_atomic(path: str, write: Any) -> Dict[str, Any]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        fsync_dir(os.path.dirname(path) or ".")
     except BaseException:
-        emergency._remove(tmp)
+        remove_quietly(tmp)
         raise
     return {"path": path, "sha256": file_sha256(path), "bytes": os.path.getsize(path)}
 
@@ -181,8 +183,7 @@ def write_model(state_dict: Mapping[str, torch.Tensor], path: str) -> Dict[str, 
         return write_atomic(path, lambda f: torch.save(sd, f))
     except (OSError, RuntimeError) as e:
         cause = emergency._os_error_in(e)
-        why = emergency._hint_for(cause, path) if cause is not None else str(e)
-        raise ExportError(f"cannot write the model to {path}: {why}") from None
+        raise ExportError(f"cannot write the model to {path}: {write_failure(cause or e, path)}") from None
 
 
 def write_final(state_dir: str, files: Sequence[str], out: str, keys: Mapping[str, str], step: int, mode: str) -> Dict[str, Any]:
@@ -202,5 +203,5 @@ def write_final(state_dir: str, files: Sequence[str], out: str, keys: Mapping[st
     try:
         idx = write_atomic(os.path.join(state_dir, INDEX), lambda fh: fh.write(text))
     except OSError as e:
-        raise ExportError(f"cannot write {os.path.join(state_dir, INDEX)}: {emergency._hint_for(e, state_dir)}") from None
+        raise ExportError(f"cannot write {os.path.join(state_dir, INDEX)}: {write_failure(e, state_dir)}") from None
     return {"model": model, "state": {"path": state_dir, "index": idx["path"], "files": recs}}

@@ -50,6 +50,13 @@ class StepResult:
     lr: float  # the LR this step used (first param group)
     committed: bool = True  # False: on_nonfinite=stop refused the step; the state is the previous one
     skipped: Optional[str] = None  # "nonfinite" (on_nonfinite=skip) or "overflow" (fp16 scaler): no update
+    over_budget: Optional[int] = None  # refused because on_nonfinite=skip has dropped this many steps, its limit
+
+
+def skip_budget(steps: int, max_skipped_fraction: float) -> int:
+    """How many non-finite steps ``train.on_nonfinite=skip`` may drop in a job of ``steps`` steps
+    (``train.max_skipped_fraction`` of them, rounded down): one more stops the job (exit 7)."""
+    return math.floor(max_skipped_fraction * steps + 1e-9)
 
 
 def _build_scheduler(task: Any, optimizer: torch.optim.Optimizer, cfg: Any) -> Any:
@@ -259,6 +266,8 @@ class Engine:
         lr = self._lr()
         if t.on_nonfinite == "stop":
             return StepResult(loss, grad_norm, lr, committed=False)
+        if self.skipped["nonfinite"] >= skip_budget(t.steps, t.max_skipped_fraction):  # the same count on every rank: all stop here
+            return StepResult(loss, grad_norm, lr, committed=False, over_budget=self.skipped["nonfinite"])
         self.skipped["nonfinite"] += 1
         if self.scheduler is not None and not isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.scheduler.step()  # the LR stays a function of the step index

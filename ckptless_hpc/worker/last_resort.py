@@ -18,6 +18,8 @@ import os
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Set
 
+from ..record import RecordError, write_json
+
 log = logging.getLogger("ckptless_hpc.worker")
 
 PROBE_TIMEOUT_S = 5.0
@@ -86,9 +88,10 @@ def run(
         restart["saved"] = saved
         restart["faults_done"] = sorted(set(restart.get("faults_done", [])) | faults_done)
     restart["excluded_nodes"] = sorted(set(restart.get("excluded_nodes", [])) | set(filter(None, [restart.get("batch_node")])))
-    with open(restart_path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(restart, f, indent=2)
-    os.replace(restart_path + ".tmp", restart_path)
+    try:
+        write_json(restart_path, restart)
+    except RecordError as e:
+        log.error("%s; the restarted job resumes from what restart.json said before", e)
     requeue_or_cancel(env, saved, max_requeues, run_dir, sorted(set(restart["excluded_nodes"]) | set(site_exclude)))
 
 

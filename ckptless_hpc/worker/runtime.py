@@ -440,8 +440,11 @@ class Worker(Interruptible, PeerState, StorageCopy):
 
     def _report_nonfinite(self, gen: int, step: int, res: StepResult) -> None:
         what = f"loss {res.loss}" if not math.isfinite(res.loss) else f"gradient norm {res.grad_norm}"
-        log.error("step %d: %s is not finite; the state stays at step %d (train.on_nonfinite=stop)", step, what, self.step)
-        self.client.send({"type": "nonfinite", "gen": gen, "rank": self.rank, "step": step, "loss": _num(res.loss), "grad_norm": _num(res.grad_norm), "held": self.step})
+        why = "train.on_nonfinite=stop" if res.over_budget is None else f"train.on_nonfinite=skip has dropped {res.over_budget} steps, train.max_skipped_fraction's limit"
+        log.error("step %d: %s is not finite; the state stays at step %d (%s)", step, what, self.step, why)
+        self.client.send(
+            {"type": "nonfinite", "gen": gen, "rank": self.rank, "step": step, "loss": _num(res.loss), "grad_norm": _num(res.grad_norm), "held": self.step, "skipped": res.over_budget}
+        )
 
     def _after_backward(self, step: int, t0: float) -> None:
         """The injected faults of this step, after its backward and before its collectives land."""

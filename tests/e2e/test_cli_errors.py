@@ -26,11 +26,16 @@ def test_fault_rank_out_of_range(job):
     assert res.rc == 2 and "fault.rank=7" in res.out and "rank=0..1" in res.out
 
 
-def test_unknown_task_and_unknown_key(job):
+def test_unknown_task_unknown_key_and_wrong_type_exit_2(job):
+    """Refused while Hydra composes the config: exit 2 as for any invalid configuration
+    (docs/failure-semantics.md), the field named, with a HINT."""
     res = job("task=nosuch")
-    assert res.rc != 0 and "task" in res.out and "mlp" in res.out  # Hydra lists the available options
+    assert res.rc == 2 and "task" in res.out and "mlp" in res.out, res.out  # Hydra lists the available options
     res = job("train.stpes=3")
-    assert res.rc != 0 and "stpes" in res.out
+    assert res.rc == 2 and "invalid configuration: train.stpes: Key 'stpes' not in 'TrainConfig'. HINT:" in res.out, res.out
+    res = job("train.steps=abc")
+    assert res.rc == 2 and "invalid configuration: train.steps: Value 'abc' of type 'str' could not be converted to Integer. HINT:" in res.out, res.out
+    assert not (res.run_dir / "events.jsonl").exists(), "something started"
 
 
 def test_slurm_backend_without_a_reachable_slurm(job):

@@ -9,7 +9,10 @@ option silently ignored cannot pass.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -116,6 +119,27 @@ def test_nonfinite_loss_stops_at_the_last_finite_state(job):
     state = torch.load(saved["path"], weights_only=True)
     assert state["meta"]["step"] == saved["step"]
     assert all(torch.isfinite(t).all() for k, t in state["entries"].items() if t.is_floating_point()), "a non-finite value was committed"
+
+
+def test_skipping_past_max_skipped_fraction_stops_with_exit_7_and_strict_json(job):
+    """on_nonfinite=skip with steps 3-12 of 60 non-finite: the 7th of them (step 9; the default
+    max_skipped_fraction=0.1 allows 6) stops the job as on_nonfinite=stop does, the state saved
+    the user's only; every file of the record is strict JSON (no bare NaN)."""
+    res = job(*_task("NanAtStepMLP"), f"+task.nan_steps={list(range(3, 13))}", "train.on_nonfinite=skip", env=TASKS)
+    assert res.rc == 7, res.out[-3000:]
+    s = json.loads((res.run_dir / "summary.json").read_text(), parse_constant=_refuse)
+    assert s["status"] == "nonfinite" and s["skipped_steps"]["nonfinite"] == 6, s
+    assert "train.on_nonfinite=skip has dropped 6 of train.steps=60 steps already, the most train.max_skipped_fraction=0.1 allows" in s["error"], s["error"]
+    assert "HINT" in s["error"] and s["saved_state"]["step"] == s["steps_completed"] == 9 and "step 9 (0-based)" in s["error"]
+    for line in (res.run_dir / "events.jsonl").read_text().splitlines():
+        json.loads(line, parse_constant=_refuse)
+    assert [e["loss"] for e in res.of("step") if e.get("skipped")] == ["nan"] * 6, "a non-finite loss is named, as a string"
+    assert stat.S_IMODE(os.stat(s["saved_state"]["path"]).st_mode) == 0o600  # the user's model: the user's only
+    assert stat.S_IMODE(os.stat(res.run_dir).st_mode) == 0o700
+
+
+def _refuse(token):
+    raise AssertionError(f"not JSON: a bare {token}")
 
 
 def test_nonfinite_steps_skipped_identically_and_counted_across_a_recovery(job):

@@ -181,6 +181,16 @@ def test_nonfinite_step_stop_keeps_the_state_skip_drops_it():
     assert all(torch.equal(p, q) for p, q in zip(params, skip.model.parameters()))
 
 
+def test_skipping_stops_past_max_skipped_fraction():
+    e = _engine(T.NanAtStepMLP(nan_steps=[2, 4]), on_nonfinite="skip", steps=10, max_skipped_fraction=0.1)  # one skip allowed
+    first = _run(e, 0, 3)[-1]
+    assert first.committed and first.skipped == "nonfinite" and e.skipped["nonfinite"] == 1
+    _run(e, 3, 4)
+    held = _sha(e, 4)
+    (res,) = _run(e, 4, 5)
+    assert not res.committed and res.over_budget == 1 and e.skipped["nonfinite"] == 1 and _sha(e, 4) == held
+
+
 def test_fp16_overflow_is_skipped_by_the_scaler_and_counted():
     e = _engine(MLPTask(), precision="fp16")
     e.scaler.load_state_dict({"scale": 2.0**120, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000, "_growth_tracker": 0})

@@ -5,6 +5,8 @@ behaviour (processes, sockets, kills) is proven end to end in tests/e2e/test_rel
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -61,9 +63,30 @@ def test_heartbeats_fold_into_one_summary_per_interval():
     assert set(up.summary(0.0)["w"]) == {"n2.0"}  # a gone worker is no longer vouched for
 
 
-def test_socket_paths_are_short_and_per_job_and_node(tmp_path):
-    a, b = relay.socket_path(str(tmp_path / ("d" * 200)), "node1"), relay.socket_path(str(tmp_path), "node1")
-    assert len(a) < 100 and a != b and a != relay.socket_path(str(tmp_path), "node2")
+def test_socket_paths_are_short_unguessable_and_per_node():
+    secret = "ab" * 32
+    a = relay.socket_path(secret, "node1")
+    assert len(a) < 100 and a == relay.socket_path(secret, "node1")  # every task of the node's step finds it
+    assert a != relay.socket_path("cd" * 32, "node1") and a != relay.socket_path(secret, "node2")  # without the secret, unknowable
+    assert os.path.basename(os.path.dirname(a)).startswith("ckptless-relay-")  # a directory of its own, not a file in /tmp
+
+
+def test_the_relay_listens_only_in_a_private_directory(tmp_path):
+    mine = tmp_path / "mine" / "relay.sock"
+    relay.private_dir(str(mine))
+    assert stat.S_IMODE(os.stat(mine.parent).st_mode) == 0o700
+    relay.private_dir(str(mine))  # already ours and private (a launcher's mkdtemp, a relay restarted): taken
+    opened = tmp_path / "opened"
+    opened.mkdir(mode=0o755)
+    os.chmod(opened, 0o755)
+    with pytest.raises(relay.RelayError, match=r"not a private directory of this user .*mode 0o755.*HINT: remove it"):
+        relay.private_dir(str(opened / "relay.sock"))
+    if os.geteuid() == 0:  # another user's directory, created first at the path (as root: a real other owner)
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        with pytest.raises(relay.RelayError, match="owner uid 65534"):
+            relay.private_dir(str(theirs / "relay.sock"))
 
 
 def test_a_rankless_assign_and_the_checks_parse_keeps():

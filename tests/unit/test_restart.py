@@ -17,9 +17,9 @@ SAVED = {"path": "/run/state/emergency.pt", "step": 12, "sha256": "ab" * 32, "by
 
 def test_the_file_holds_the_copy_the_excluded_nodes_and_the_faults_fired_sorted(tmp_path):
     path = write(str(tmp_path), Restart.of(SAVED, {"n3", "n1"}, {2, 0}, "batch0"))
-    assert path == str(tmp_path / FILE) and not (tmp_path / (FILE + ".tmp")).exists()
+    assert path == str(tmp_path / FILE) and [p.name for p in tmp_path.iterdir()] == [FILE]  # no temporary file left
     text = (tmp_path / FILE).read_text()
-    assert text == json.dumps({"saved": SAVED, "excluded_nodes": ["n1", "n3"], "faults_done": [0, 2], "batch_node": "batch0"}, indent=2)
+    assert text == json.dumps({"saved": SAVED, "excluded_nodes": ["n1", "n3"], "faults_done": [0, 2], "batch_node": "batch0"}, indent=2) + "\n"
     assert Restart.from_json(json.loads(text)) == Restart.of(SAVED, ["n1", "n3"], [0, 2], "batch0")
 
 
