@@ -67,15 +67,15 @@ def write(path: str, entries: Entries, meta: Dict[str, Any], describe: str = "")
         fsync_dir(os.path.dirname(path) or ".")
     except OSError as e:
         remove_quietly(tmp)
-        raise EmergencyCopyError(f"cannot write the emergency copy of step {step} to {path}: {write_failure(e, path)}. {_previous(previous, path)}") from None
+        raise EmergencyCopyError(f"cannot write the state of step {step} to {path}: {write_failure(e, path)}. {_previous(previous, path)}") from None
     except EmergencyCopyError as e:
         remove_quietly(tmp)
-        raise EmergencyCopyError(f"the emergency copy of step {step} read back damaged ({e}); {_previous(previous, path)}") from None
+        raise EmergencyCopyError(f"the copy of step {step} read back damaged ({e}); {_previous(previous, path)}") from None
     except RuntimeError as e:  # torch's writer wraps the OSError of a failed write
         remove_quietly(tmp)
         cause = _os_error_in(e)
         why = write_failure(cause, path) if cause is not None else f"{e}. HINT: check the filesystem holding {os.path.dirname(path)}"
-        raise EmergencyCopyError(f"cannot write the emergency copy of step {step} to {path}: {why}. {_previous(previous, path)}") from None
+        raise EmergencyCopyError(f"cannot write the state of step {step} to {path}: {why}. {_previous(previous, path)}") from None
     rec = record_of(path, meta, sha, True)
     log.info("%sstate of step %d written to %s (%.1f MB, sha256 %s)", describe, step, path, rec["bytes"] / 1e6, sha[:12])
     return rec

@@ -1,7 +1,8 @@
 """A run directory that stops taking writes while the job trains: a real full filesystem (a
 tmpfs of its own as the run dir, filled up), a run dir turned read-only (a read-only bind mount
 over it), and a cancel on a full disk. The job still ends, with its own exit code; the result
-(status, steps, final hash) reaches the console; each failed file is named once with the fix;
+(status, steps, final hash) reaches the console; each failed file is named once with the fix (the trained model that could not be written is a
+clear failure: exit 1, final_save_failed);
 what was written before stays readable (no torn file but the event log's last line)."""
 
 from __future__ import annotations
@@ -107,8 +108,10 @@ def test_a_full_disk_near_the_end_neither_wedges_the_job_nor_hides_its_result(tm
     _fill(own_fs)
     rc = job.end()
     out = job.out
-    assert rc == 0, out  # the job's own exit code: it trained every step
-    assert "completed (exit 0)" in out and "steps        400/400" in out, out
+    assert rc == 1, out  # it trained every step, but the trained model could not be written: a clear failure
+    assert "final_save_failed (exit 1)" in out and "steps        400/400" in out, out
+    final = next(line for line in out.splitlines() if "the final state was not written" in line)
+    assert f"{own_fs / 'final'}" in final and "no space left" in final and "HINT" in final, final  # the trained model's own error
     assert SHA.search(out) and SHA.search(out).group(1) == baseline(*CFG), out  # the real result, on the console
     summary = own_fs / "summary.json"
     assert not summary.exists()  # it could not be written, and no half of it is there
@@ -131,14 +134,15 @@ def test_a_read_only_run_dir_at_the_end_still_prints_the_result(tmp_path, baseli
         _mount("-o", "remount,bind,ro", str(run))
         rc = job.end()
         out = job.out
-        assert rc == 0, out
+        assert rc == 1 and "final_save_failed (exit 1)" in out, out  # the trained model could not be written
         assert SHA.search(out) and SHA.search(out).group(1) == baseline(*CFG), out
+        assert f"{run / 'final'}" in out and "read-only" in out, out
         assert f"cannot write {run / 'summary.json'}: {run} is on a read-only filesystem. HINT" in out and "hydra.run.dir" in out, out
         assert not (run / "summary.json").exists()
         assert "Traceback" not in out, out
         events = _intact(run)
         (end,) = [e for e in events if e["event"] == "job_finished"]  # through the file it had open
-        assert end["status"] == "completed" and end["exit_code"] == 0
+        assert end["status"] == "final_save_failed" and end["exit_code"] == 1
     finally:
         if job.proc.poll() is None:
             job.proc.kill()
