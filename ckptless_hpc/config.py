@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 FAULT_KINDS = ("none", "kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
-FAULT_MOMENTS = ("step", "update", "recovery", "send", "receive", "optimizer")
+FAULT_MOMENTS = ("step", "update", "recovery", "send", "receive", "optimizer", "eval")
 
 
 class ConfigError(ValueError):
@@ -36,6 +36,8 @@ class TrainConfig:
     prefetch: int = 2  # micro-batches each data worker prepares ahead
     bucket_mb: float = 16.0  # gradient allreduce bucket size (MiB)
     tensorboard: bool = False  # write loss, LR, grad norm, throughput and recoveries to <run dir>/tensorboard
+    eval_every: int = 0  # evaluate every N steps and at the end (the task's evaluate(); 0: never)
+    eval_batches: int = 8  # validation batches per evaluation, spread over the ranks (a multiple of the world size wastes none)
 
 
 @dataclass
@@ -135,6 +137,7 @@ class FaultSpec:
     # when a kill/hang fires: "step" (computing `step`, after backward, before the allreduce),
     # "update" (right after `step`'s optimizer update, before anything else: sharded state's
     # consistency window), "recovery" (when a recovery starts), "send" (while serving state to a replacement),
+    # "eval" (during the first evaluation after `step` committed steps, before its all-reduce lands),
     # "receive" (while the worker that took `rank` receives its state);
     # corrupt/truncate_transfer: "send" (the next state served) or "optimizer" (the next optimizer
     # state served: with cluster.params_first, the part a replacement receives behind its first step)
@@ -281,6 +284,8 @@ def _train_step_errors(t: Any, need: Callable[..., None]) -> None:
     need(t.on_nonfinite in NONFINITE_POLICIES, "train.on_nonfinite", t.on_nonfinite, "unknown policy", "use stop (end the job at the last finite state) or skip (drop the step)")
     need(_is_int(t.data_workers) and t.data_workers >= 0, "train.data_workers", t.data_workers, "must be an integer >= 0", "0 makes batches in the training thread; 2 runs a DataLoader with 2 worker processes")
     need(_is_int(t.prefetch) and t.prefetch >= 1, "train.prefetch", t.prefetch, "must be an integer >= 1", "e.g. train.prefetch=2 micro-batches per data worker")
+    need(_is_int(t.eval_every) and t.eval_every >= 0, "train.eval_every", t.eval_every, "must be an integer >= 0", "e.g. train.eval_every=100; 0 turns evaluation off")
+    need(_is_int(t.eval_batches) and t.eval_batches >= 1, "train.eval_batches", t.eval_batches, "must be an integer >= 1", "e.g. train.eval_batches=8 validation batches per evaluation")
     need(t.bucket_mb > 0, "train.bucket_mb", t.bucket_mb, "must be > 0", "e.g. train.bucket_mb=16 (MiB per gradient allreduce)")
     if t.tensorboard:
         from .metrics import tensorboard_missing

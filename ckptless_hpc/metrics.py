@@ -176,6 +176,11 @@ class TensorBoardSink:
         if samples_per_s:
             w.add_scalar("perf/samples_per_s", samples_per_s, step)
 
+    def scalars(self, prefix: str, step: int, values: Optional[Dict[str, float]]) -> None:
+        """``<prefix>/<name>`` for each value: a task's own metrics (train/...) and evaluations (eval/...)."""
+        for k, v in sorted((values or {}).items()):
+            self._w.add_scalar(f"{prefix}/{k}", v, step)
+
     def recovery(self, step: int, report: Dict[str, Any]) -> None:
         for k in ("downtime_s", "detect_s", "reconfigure_s", "transfer_s", "resume_s"):
             self._w.add_scalar(f"recovery/{k}", report[k], step)

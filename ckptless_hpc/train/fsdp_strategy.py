@@ -100,7 +100,7 @@ class FSDPStrategy:
                 last = micro == k - 1
                 self.binding.set_sync(last)
                 with e.autocast():
-                    loss = e.task.loss(e.model, batch)
+                    loss = e.task_loss(batch)
                 if last and e.buffers:
                     broadcasts = e.buffers.launch(comm)
                 e.add_loss(loss)
@@ -116,6 +116,15 @@ class FSDPStrategy:
                 ) from None
             raise
         return broadcasts
+
+    def evaluate(self, batch: Any) -> Any:
+        """The task's evaluate on the sharded model (its all-gathers can fail as a step's do)."""
+        try:
+            return self.e.task.evaluate(self.e.model, batch)
+        except Exception as err:
+            if _is_comm_error(err):
+                raise StepFailed(f"evaluation: {err}") from None
+            raise
 
     def grad_norm(self) -> torch.Tensor:
         assert self.binding is not None
