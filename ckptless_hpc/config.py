@@ -137,7 +137,7 @@ class FaultSpec:
     # when a kill/hang fires: "step" (computing `step`, after backward, before the allreduce),
     # "update" (right after `step`'s optimizer update, before anything else: sharded state's
     # consistency window), "recovery" (when a recovery starts), "send" (while serving state to a replacement),
-    # "eval" (during the first evaluation after `step` committed steps, before its all-reduce lands),
+    # "eval" (in the first evaluation after `step` committed steps: forwards done, all-reduce not launched),
     # "receive" (while the worker that took `rank` receives its state);
     # corrupt/truncate_transfer: "send" (the next state served) or "optimizer" (the next optimizer
     # state served: with cluster.params_first, the part a replacement receives behind its first step)
@@ -393,6 +393,18 @@ def _fault_errors(cfg: Any) -> List[str]:
                     _err(f"{prefix}.node", f.node, f"no such node slot (cluster.nodes={c.nodes})", f"use {prefix}.node=0..{c.nodes - 1}")
                 )
     return errors
+
+
+def global_batch(cfg: Any, batch_size: Any = None) -> str:
+    """The start line's ``global batch: batch_size B x grad_accum K x world W = N samples per step``
+    (``batch_size``: the task's, when the caller knows it; else the task config's, if it has one)."""
+    c, k = cfg.cluster, int(cfg.train.grad_accum)
+    world = int(c.nodes) * int(c.workers_per_node)
+    task = cfg.get("task")
+    bs = batch_size if batch_size is not None else (task.get("batch_size") if task is not None else None)
+    if not _is_int(bs):
+        return f"global batch: the task's batch size x grad_accum {k} x world {world} samples per step"
+    return f"global batch: batch_size {bs} x grad_accum {k} x world {world} = {bs * k * world} samples per step"
 
 
 def validate(cfg: Any) -> None:

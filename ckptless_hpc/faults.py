@@ -61,7 +61,7 @@ def due(faults: Iterable[Fault], done: Iterable[int], rank: int, workers_per_nod
 
     "step" and "update" faults fire at exactly their step; the others (recovery, send, receive, eval) at the
     first such moment at or after their step ("eval": an evaluation after that many committed steps,
-    its forwards done, before its all-reduce lands). A damaged transfer strikes the next state served
+    its forwards done, before its all-reduce is launched: the peers wait in theirs). A damaged transfer strikes the next state served
     ("send"), or with ``at="optimizer"`` the next optimizer state served (the caller asks for the
     moment "optimizer" when what it serves holds the optimizer's entries). A fired fault (in ``done``) never fires again,
     so a replacement that reaches the same step does not repeat it.

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 from omegaconf import OmegaConf
 
 from .. import protocol
+from ..config import global_batch
 from . import continuity, host, inbox, messages
 from .channel import Channel, Endpoints
 from .ending import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, Ending
@@ -385,6 +386,7 @@ class Coordinator(Channel, Ending):
         self._emit("job_started", address=self.address, coordinator_pid=os.getpid(), host=socket.gethostname(), world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
         log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
         log.info("%s", self.layout.describe())
+        log.info("%s", global_batch(self.cfg))
         self._emit("layout", mode=self.layout.mode, survives_node_losses=self.layout.survives(), describe=self.layout.describe())
         active, spare = await self._off_loop(self.launcher.initial_nodes, self.bad_nodes)
         for name in active:

@@ -304,12 +304,13 @@ class Engine:
         return StepResult(loss, grad_norm, lr, skipped="nonfinite", metrics=metrics)
 
     # ------------------------------------------------------------------ evaluation
-    def evaluate(self, step: int, wait: Callable[[List[Any]], None]) -> Dict[str, float]:
+    def evaluate(self, step: int, wait: Callable[[List[Any]], None], before_reduce: Callable[[], None] = lambda: None) -> Dict[str, float]:
         """The task's metrics on the ``train.eval_batches`` validation batches, averaged over all
         of them (every rank gets the same values): under ``torch.no_grad()`` and ``model.eval()``,
         the model back in train mode after. The training state is not touched (ZeRO brings the
         owners' parameters of the last step, as the next step would; a sharded model evaluates
-        sharded). A failed collective raises as in a step (FSDP: ``StepFailed``)."""
+        sharded). A failed collective raises as in a step (FSDP: ``StepFailed``). ``before_reduce``
+        runs after the forwards, before the all-reduce is launched (the worker's fault point)."""
         assert self.val is not None, "evaluate() without train.eval_every"
         comm, batches = self.comm, int(self.cfg.train.eval_batches)
         if self.zero is not None and self.zero.stale:
@@ -325,6 +326,7 @@ class Engine:
                         out = self.task.evaluate(self.model, batch) if self.fsdp is None else self.fsdp.evaluate(batch)
                     sums.add(out, self.device, weight)
             total = sums.vector(torch.zeros(1, dtype=torch.float64, device=self.device))
+            before_reduce()
             wait([comm.allreduce(total)])
         except BaseException:
             if self.fsdp is not None:

@@ -438,12 +438,7 @@ class Worker(Interruptible, PeerState, StorageCopy):
         """The evaluation after ``self.step`` committed steps (a failure in it is a step's: the
         generation that recovers starts at this step and evaluates again)."""
         step, t0 = self.step, time.perf_counter()
-
-        def wait(futures: List[Any]) -> None:
-            self._fire_due("eval", step)
-            self._wait(futures, gen, step)
-
-        values = self.engine.evaluate(step, wait)
+        values = self.engine.evaluate(step, lambda futures: self._wait(futures, gen, step), lambda: self._fire_due("eval", step))
         if self.rank == 0:
             self.client.send({"type": "eval", "gen": gen, "step": step, "metrics": values, "eval_s": time.perf_counter() - t0})
 
