@@ -95,3 +95,10 @@ class ShardedRichMLP(MLPTask):
 
     def build_scheduler(self, optimizer, optim, total_steps):
         return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=float(optim.lr), total_steps=total_steps)
+
+
+class NeverBuilt(MLPTask):
+    """Fails if constructed: the dry run must check the task without building it."""
+
+    def __init__(self, width: int, **kw) -> None:
+        raise RuntimeError("NeverBuilt was constructed")
