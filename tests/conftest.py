@@ -11,17 +11,22 @@ from ckpt_testlib import REPO, JobResult, run_job  # noqa: F401  (re-exported fo
 
 @pytest.fixture(scope="session")
 def baseline(tmp_path_factory):
-    """final_state_sha256 of the fault-free run of a config, computed once per config."""
-    cache: Dict[Tuple[str, ...], str] = {}
+    """final_state_sha256 of the fault-free run of a config, computed once per config;
+    ``baseline.result(...)``: that run itself (its events, its summary)."""
+    cache: Dict[Tuple[str, ...], JobResult] = {}
 
-    def get(*overrides: str, env: Dict[str, str] | None = None) -> str:
+    def result(*overrides: str, env: Dict[str, str] | None = None) -> JobResult:
         key = tuple(sorted(overrides)) + tuple(sorted((env or {}).items()))
         if key not in cache:
             res = run_job(tmp_path_factory.mktemp("baseline"), *overrides, "fault=none", env=env)
             assert res.rc == 0, res.out
-            cache[key] = res.summary["final_state_sha256"]
+            cache[key] = res
         return cache[key]
 
+    def get(*overrides: str, env: Dict[str, str] | None = None) -> str:
+        return result(*overrides, env=env).summary["final_state_sha256"]
+
+    get.result = result  # type: ignore[attr-defined]
     return get
 
 
