@@ -79,6 +79,8 @@ def human_summary(s: Dict[str, Any]) -> str:
         f"state sha256 {s['final_state_sha256']}",
         f"recoveries   {len(s['recoveries'])}",
     ]
+    if s.get("eval"):
+        lines.insert(4, f"eval         step {s['eval']['step']}: " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(s["eval"]["metrics"].items())))
     for r in s["recoveries"]:
         lines.append(
             f"  gen {r['gen']}: ranks {r['failed_ranks']} on {','.join(r['failed_nodes'])} -> {r['replacements']} at step {r['target_step']}: "

@@ -14,7 +14,11 @@ One step (``train.grad_accum = K`` micro-batches per rank):
    ``skip`` drops the step (identically on every rank: the values are global) and counts it;
 5. fp16: unscale; clip to ``train.clip_grad_norm``; optimizer step (the grad scaler skips it on
    inf/NaN gradients, on every rank alike) and the LR: the built-in warm-up + cosine as a
-   function of the step, or the task's own scheduler stepped once per step.
+   function of the step, or the task's own scheduler stepped once per step;
+6. the task's ``on_step_end`` after an optimizer update that was committed.
+
+The task's own metrics (``loss`` returning ``(loss, {...})``) ride in the loss's all-reduce;
+:meth:`Engine.evaluate` runs ``train.eval_every``'s evaluation (:mod:`.evaluation`).
 
 State (see :mod:`ckptless_hpc.state.snapshot`): parameters, buffers, optimizer moments and the
 task's tensors as pieces keyed by name and owner, plus metadata: the scheduler's and the grad
@@ -120,7 +124,7 @@ class Engine:
         self._loss_sum = torch.zeros(1, dtype=torch.float64, device=device)
         self.metrics = MetricSums(f"{type(task).__name__}.loss")
         self._reduced = self._loss_sum  # what the step's loss all-reduce sums: the loss, the task's metrics
-        self.val: Optional[ValSource] = ValSource(task, int(t.seed)) if int(t.get("eval_every", 0) or 0) > 0 else None
+        self.val: Optional[ValSource] = ValSource(task, int(t.seed)) if int(t.eval_every) > 0 else None  # train.eval_every: evaluate()
         self.hook = _step_end_hook(task, self.mode)
         self.skipped: Dict[str, int] = {"nonfinite": 0, "overflow": 0}
         self.feed: Feed = make_feed(task, t.seed, world, self.micro_batches, t.steps, int(t.data_workers), int(t.prefetch), close_fds)
