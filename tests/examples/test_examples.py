@@ -116,7 +116,7 @@ def test_ema_example_survives_a_killed_worker_with_the_same_evaluations(job, ema
     assert res.summary["eval"] == ema_baseline.summary["eval"] == {"step": 16, "metrics": _evals(ema_baseline)[16]}
     assert res.summary["final_metrics"] == ema_baseline.summary["final_metrics"] and "accuracy" in res.summary["final_metrics"]
     assert all("accuracy" in e["metrics"] for e in res.of("step"))
-    assert "eval at step 16: accuracy" in res.out
+    assert "eval at step 16: accuracy" in res.out and "eval         step 16: accuracy" in res.out  # the console line, the summary
 
 
 def test_a_worker_killed_during_an_evaluation_is_recovered_and_the_evaluation_redone(job, ema_baseline):
