@@ -24,6 +24,7 @@ import torch
 
 from . import fsdp
 from ..state.snapshot import Entries, plain_meta
+from .evaluation import split_loss
 
 
 class StepFailed(RuntimeError):
@@ -50,7 +51,7 @@ class FSDPStrategy:
         e = self.e
         batch = e.feed.batches.batch(0, 0, 0)
         self.warm = fsdp.warm_up(
-            e.task.build_model, lambda m: e.task.loss(m, batch), lambda m: e.task.build_optimizer(m, e.cfg.optim),
+            e.task.build_model, lambda m: split_loss(e.task.loss(m, batch), e.task)[0], lambda m: e.task.build_optimizer(m, e.cfg.optim),
             units_fn=lambda m: fsdp.units_for(e.task, m),
         )
         return self.warm
