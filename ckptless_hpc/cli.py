@@ -32,7 +32,10 @@ def main(cfg: DictConfig) -> int:
     if cfg.dry_run:
         from .launch.dryrun import dry_run
 
-        return dry_run(cfg, run_dir)
+        code = dry_run(cfg, run_dir)
+        if code != 0:
+            sys.exit(code)
+        return code
     if cfg.cluster.backend == "slurm":
         from .launch.slurm import submit
 

@@ -15,7 +15,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 FAULT_KINDS = ("none", "kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
-FAULT_MOMENTS = ("step", "update", "recovery", "send", "receive", "optimizer")
+FAULT_MOMENTS = ("step", "update", "recovery", "send", "receive", "optimizer", "eval")
 
 
 #: A worker silent this long is hung: a larger cluster.heartbeat_timeout_s would turn hang detection off.
@@ -46,6 +46,8 @@ class TrainConfig:
     save_every: int = 0  # a durable copy of the committed state every N steps, written in the background to <run dir>/saved/step<S>/ (0: none)
     save_every_s: float = 0.0  # also a copy every S seconds (at a step the coordinator names a little ahead; 0: none)
     keep_saved: int = 2  # the newest copies of train.save_every kept; older ones are deleted
+    eval_every: int = 0  # evaluate every N steps and at the end (the task's evaluate(); 0: never)
+    eval_batches: int = 8  # validation batches per evaluation, spread over the ranks (a multiple of the world size wastes none)
 
 
 @dataclass
@@ -145,6 +147,7 @@ class FaultSpec:
     # when a kill/hang fires: "step" (computing `step`, after backward, before the allreduce),
     # "update" (right after `step`'s optimizer update, before anything else: sharded state's
     # consistency window), "recovery" (when a recovery starts), "send" (while serving state to a replacement),
+    # "eval" (in the first evaluation after `step` committed steps: forwards done, all-reduce not launched),
     # "receive" (while the worker that took `rank` receives its state);
     # corrupt/truncate_transfer: "send" (the next state served) or "optimizer" (the next optimizer
     # state served: with cluster.params_first, the part a replacement receives behind its first step)
@@ -331,6 +334,8 @@ def _train_step_errors(t: Any, need: Callable[..., None]) -> None:
     need(_is_int(t.save_every) and t.save_every >= 0, "train.save_every", t.save_every, "must be an integer >= 0", "e.g. train.save_every=500 (steps); 0 writes no periodic copy")
     need(t.save_every_s >= 0, "train.save_every_s", t.save_every_s, "must be >= 0", "e.g. train.save_every_s=1800 (seconds); 0 writes no timed copy")
     need(_is_int(t.keep_saved) and t.keep_saved >= 1, "train.keep_saved", t.keep_saved, "must be an integer >= 1", "e.g. train.keep_saved=2 (the newest copies kept)")
+    need(_is_int(t.eval_every) and t.eval_every >= 0, "train.eval_every", t.eval_every, "must be an integer >= 0", "e.g. train.eval_every=100; 0 turns evaluation off")
+    need(_is_int(t.eval_batches) and t.eval_batches >= 1, "train.eval_batches", t.eval_batches, "must be an integer >= 1", "e.g. train.eval_batches=8 validation batches per evaluation")
     need(t.bucket_mb > 0, "train.bucket_mb", t.bucket_mb, "must be > 0", "e.g. train.bucket_mb=16 (MiB per gradient allreduce)")
     if t.tensorboard:
         from .metrics import tensorboard_missing
@@ -438,6 +443,18 @@ def _fault_errors(cfg: Any) -> List[str]:
                     _err(f"{prefix}.node", f.node, f"no such node slot (cluster.nodes={c.nodes})", f"use {prefix}.node=0..{c.nodes - 1}")
                 )
     return errors
+
+
+def global_batch(cfg: Any, batch_size: Any = None) -> str:
+    """The start line's ``global batch: batch_size B x grad_accum K x world W = N samples per step``
+    (``batch_size``: the task's, when the caller knows it; else the task config's, if it has one)."""
+    c, k = cfg.cluster, int(cfg.train.grad_accum)
+    world = int(c.nodes) * int(c.workers_per_node)
+    task = cfg.get("task")
+    bs = batch_size if batch_size is not None else (task.get("batch_size") if task is not None else None)
+    if not _is_int(bs):
+        return f"global batch: the task's batch size x grad_accum {k} x world {world} samples per step"
+    return f"global batch: batch_size {bs} x grad_accum {k} x world {world} = {bs * k * world} samples per step"
 
 
 def validate(cfg: Any) -> None:

@@ -59,8 +59,9 @@ def faults_from_config(cfg: Any) -> List[Fault]:
 def due(faults: Iterable[Fault], done: Iterable[int], rank: int, workers_per_node: int, step: int, at: str = "step") -> Optional[Fault]:
     """The fault this rank must fire now (pure). ``at``: the moment the caller is at.
 
-    "step" and "update" faults fire at exactly their step; the others (recovery, send, receive) at the
-    first such moment at or after their step. A damaged transfer strikes the next state served
+    "step" and "update" faults fire at exactly their step; the others (recovery, send, receive, eval) at the
+    first such moment at or after their step ("eval": an evaluation after that many committed steps,
+    its forwards done, before its all-reduce is launched: the peers wait in theirs). A damaged transfer strikes the next state served
     ("send"), or with ``at="optimizer"`` the next optimizer state served (the caller asks for the
     moment "optimizer" when what it serves holds the optimizer's entries). A fired fault (in ``done``) never fires again,
     so a replacement that reaches the same step does not repeat it.

@@ -196,6 +196,11 @@ class TensorBoardSink:
         scalars = {"train/loss": loss, "train/lr": lr, "train/grad_norm": grad_norm, "perf/step_s": step_s, "perf/samples_per_s": samples_per_s or None}
         self._add(step, {k: v for k, v in scalars.items() if v is not None})
 
+    def scalars(self, prefix: str, step: int, values: Optional[Dict[str, float]]) -> None:
+        """``<prefix>/<name>`` for each value: a task's own metrics (train/...) and evaluations (eval/...)."""
+        for k, v in sorted((values or {}).items()):
+            self._w.add_scalar(f"{prefix}/{k}", v, step)
+
     def recovery(self, step: int, report: Dict[str, Any]) -> None:
         self._add(step, {f"recovery/{k}": report[k] for k in ("downtime_s", "detect_s", "reconfigure_s", "transfer_s", "resume_s")})
 

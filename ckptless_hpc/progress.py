@@ -11,7 +11,7 @@ import asyncio
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 log = logging.getLogger("ckptless_hpc.progress")
 
@@ -29,11 +29,13 @@ class Snapshot:
     recoveries: int
     goodput: float
     gen: int
+    metrics: Optional[Dict[str, float]] = None  # the task's own, next to the loss
 
     def line(self) -> str:
         rate = f"{self.samples_per_s:.0f} samples/s" if self.samples_per_s else f"{self.steps_per_s:.1f} steps/s"
+        own = "".join(f" {k} {v:.4g}" for k, v in sorted((self.metrics or {}).items()))
         return (
-            f"step {self.step}/{self.total} loss {self.loss:.4f} | {rate} | workers {self.alive}/{self.world} "
+            f"step {self.step}/{self.total} loss {self.loss:.4f}{own} | {rate} | workers {self.alive}/{self.world} "
             f"spares {self.spares} | recoveries {self.recoveries} | goodput {100 * self.goodput:.1f}% | gen {self.gen}"
         )
 
@@ -55,6 +57,13 @@ class Progress:
             self._bar.set_postfix_str(snap.line().split(" | ", 1)[1] + f" | loss {snap.loss:.3f}", refresh=True)
         elif snap.step % self.log_every == 0 or snap.step == self.total:
             log.info(snap.line())
+
+    def note(self, line: str) -> None:
+        """A line of its own (an evaluation's results): above the bar, or logged."""
+        if self._bar is not None:
+            self._bar.write(line, file=sys.stdout)
+        else:
+            log.info(line)
 
     def echo(self, lines: List[str]) -> None:
         """Print a worker's log lines on the console, above the bar when there is one."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .rundir import PHASES, RecoveryView, Run, global_batch, incidents, progress, recoveries, requeues, step_series
+from .rundir import PHASES, RecoveryView, Run, evaluations, global_batch, incidents, progress, recoveries, requeues, step_series
 
 PHASE_COLORS = {"detect": "#d62728", "reconfigure": "#ff7f0e", "transfer": "#1f77b4", "resume": "#2ca02c"}
 PHASE_MEANING = {
@@ -62,6 +62,7 @@ def run_text(run: Run, now: float) -> str:
             lines.append("  error           " + str(s["error"]).strip().replace("\n", "\n                  "))
         if s.get("saved_state"):
             lines.append(f"  saved state     {s['saved_state'].get('path')} (step {s['saved_state'].get('step')})")
+    lines += metric_lines(run)
     for q in requeues(run.events):
         lines.append(f"  requeued        after {q.reason.splitlines()[0][:120]}; restarted {q.t_restart - q.t_end:.1f} s later at step {q.step}")
     if len(run.attempts) > 1 and s is not None:
@@ -76,6 +77,24 @@ def run_text(run: Run, now: float) -> str:
     for inc in incidents(run.events):
         lines.append(f"  {inc.kind:<15} t={inc.t - t0:.2f} s: {inc.text}")
     return "\n".join(lines)
+
+
+def _values(metrics: Dict[str, Any]) -> str:
+    return "  ".join(f"{k} {_loss(v)}" for k, v in sorted(metrics.items()))
+
+
+def metric_lines(run: Run) -> List[str]:
+    """The evaluation panel (each evaluation's step, the last one's values) and the task's own
+    metrics of the last step: from the events, so a running job shows them too."""
+    lines = []
+    evals = evaluations(run.events)
+    if evals:
+        last = evals[max(evals)]
+        lines.append(f"  evaluations     {len(evals)}, at step(s) {', '.join(map(str, sorted(evals)))}; last (step {last['step']}): {_values(last['metrics'])}")
+    own = next((e["metrics"] for e in reversed(run.events) if e.get("event") == "step" and e.get("metrics")), None)
+    if own:
+        lines.append(f"  own metrics     last step: {_values(own)}")
+    return lines
 
 
 def recovery_lines(r: RecoveryView) -> List[str]:
@@ -287,6 +306,9 @@ def run_chart(run: Run, out_png: str) -> str:
         ax_tp.plot(tt, fast, color="#b0b0b0", lw=0.8, label="steps/s (over the last 3 steps)" if first else None)
         ax_tp.plot(tt, slow, color="#333333", lw=1.8, label="steps/s (over the last 10 steps)" if first else None)
         tops.append(robust_top(slow, headroom=1.6))
+    evals = [e for _, e in sorted(evaluations(run.events).items()) if isinstance(e["metrics"].get("loss"), (int, float))]
+    if evals:  # the task's evaluate() returns a "loss": its points on the same axis
+        ax_loss.plot([float(e["time"]) - ser.t0 for e in evals], [e["metrics"]["loss"] for e in evals], "o", color="#c0504d", ms=5, label="evaluation loss")
     ax_loss.set_ylabel("training loss")
     ax_loss.grid(alpha=0.3)
     ax_tp.set_ylabel("throughput (steps/s)")

@@ -541,6 +541,11 @@ def requeues(events: Sequence[Event]) -> List[Requeue]:
     return out
 
 
+def evaluations(events: Sequence[Event]) -> Dict[int, Event]:
+    """step -> the ``eval`` event of that step (a recovered generation that redoes one: the last)."""
+    return {int(e["step"]): e for e in events if e.get("event") == "eval" and isinstance(e.get("metrics"), dict)}
+
+
 def global_batch(run: Run) -> Optional[int]:
     """Samples per optimizer step (task.batch_size x train.grad_accum x world size) when the config says it."""
     cfg = run.config or {}

@@ -2,8 +2,11 @@
 
 Run it (from the repository root, so that the worker processes can import ``examples.*``):
 
-    python -m ckptless_hpc task._target_=examples.plain_loop.RegressionTask \\
+    python -m ckptless_hpc '~task' +task._target_=examples.plain_loop.RegressionTask \\
         train.steps=100 optim.lr=0.05 fault=kill_worker fault.rank=1 fault.step=30
+
+(``~task`` drops the default task's arguments; ``task._target_=...`` alone would pass them to
+this class too: ``dry_run=true`` says so in a second.)
 
 BEFORE: the loop you have. It owns everything: the model, the optimizer, the data order,
 the LR schedule, the loop itself, and (if it can survive anything) a checkpoint file.

@@ -12,7 +12,7 @@ from ckpt_testlib import REPO, JobResult, run_job  # noqa: F401  (re-exported fo
 @pytest.fixture(scope="session")
 def baseline(tmp_path_factory):
     """final_state_sha256 of the fault-free run of a config, computed once per config;
-    ``baseline.result(...)``: that run itself (its summary, its final model)."""
+    ``baseline.result(...)``: that run itself (its events, its summary, its final model)."""
     cache: Dict[Tuple[str, ...], JobResult] = {}
 
     def result(*overrides: str, env: Dict[str, str] | None = None) -> JobResult:

@@ -59,6 +59,7 @@ def train(task: Any, cfg: Any) -> torch.nn.Module:
                 forward_seed(int(t.seed), step, rank, micro)
                 with torch.autocast("cpu", dtype=AMP[t.precision], enabled=AMP[t.precision] is not None):
                     loss = task.loss(model, batch)
+                loss = loss[0] if isinstance(loss, tuple) else loss  # (loss, the task's own metrics)
                 (scaler.scale(loss) if scaler is not None else loss).backward()
         for p in params:
             p.grad.div_(world * k)

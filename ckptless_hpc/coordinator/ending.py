@@ -265,6 +265,8 @@ class Ending:
             "productive_s": round(productive, 3),
             "goodput": round(goodput(productive, wall), 4),
             "final_loss": self.steps.last_loss,
+            "final_metrics": self.last_metrics,  # the task's own, of the last step
+            "eval": self.last_eval,  # the last evaluation: {"step", "metrics"}
             "faults": fault_list(self.cfg.fault),
             "faults_fired": sorted(self.faults_done),
             "excluded_nodes": sorted(self.bad_nodes),

@@ -35,6 +35,17 @@ class Metrics:
     samples: Optional[float] = None
     skipped: Optional[str] = None
     skipped_total: Optional[Dict[str, int]] = None
+    metrics: Optional[Dict[str, float]] = None  # the task's own (train/<name>), global means
+
+
+@dataclass(frozen=True)
+class Eval:
+    """Rank 0's evaluation after ``step`` committed steps: the task's metrics, means over the batches."""
+
+    step: int
+    metrics: Dict[str, float]
+    gen: Optional[int] = None
+    eval_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -172,9 +183,9 @@ class StartupError:
     traceback: str = ""
 
 
-Message = Union[Built, Metrics, Held, Joining, Ready, Fetched, TransferFailed, FaultFired, Done, Saved, SaveFailed, LoadFailed, NonFinite, StartupError, Exported, ExportFailed, PeriodicSaved, PeriodicFailed]
+Message = Union[Built, Metrics, Eval, Held, Joining, Ready, Fetched, TransferFailed, FaultFired, Done, Saved, SaveFailed, LoadFailed, NonFinite, StartupError, Exported, ExportFailed, PeriodicSaved, PeriodicFailed]
 KINDS: Dict[str, Type[Any]] = {
-    "built": Built, "metrics": Metrics, "held": Held, "joining": Joining, "ready": Ready, "fetched": Fetched,
+    "built": Built, "metrics": Metrics, "eval": Eval, "held": Held, "joining": Joining, "ready": Ready, "fetched": Fetched,
     "transfer_error": TransferFailed, "fault": FaultFired, "done": Done, "saved": Saved, "nonfinite": NonFinite,
     "startup_error": StartupError, "save_failed": SaveFailed, "load_failed": LoadFailed,
     "exported": Exported, "export_failed": ExportFailed, "periodic_saved": PeriodicSaved, "periodic_failed": PeriodicFailed,

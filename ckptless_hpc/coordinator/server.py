@@ -25,10 +25,11 @@ from typing import Any, Callable, Dict, List, Optional, Set
 from omegaconf import OmegaConf
 
 from .. import protocol
+from ..config import global_batch
 from . import continuity, host, inbox, messages
 from .channel import Channel, Endpoints
 from .ending import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, Ending
-from .inbox import Built, Done, FaultFired, Fetched, Held, Joining, Metrics, Ready, TransferFailed
+from .inbox import Built, Done, Eval, FaultFired, Fetched, Held, Joining, Metrics, Ready, TransferFailed
 from ..launch import background
 from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink
 from ..progress import ConsoleEcho, Progress
@@ -87,6 +88,8 @@ class Coordinator(Channel, Ending):
         self.fatal: Optional[str] = None
         self.nonfinite: Optional[Dict[str, Any]] = None  # a rank refused a non-finite step (train.on_nonfinite=stop)
         self.skipped: Dict[str, int] = {}  # steps dropped so far, by cause (rank 0's count)
+        self.last_metrics: Optional[Dict[str, float]] = None  # the task's own metrics of the last step
+        self.last_eval: Optional[Dict[str, Any]] = None  # {"step", "metrics"} of the last evaluation
         self.tensorboard: Optional[TensorBoardSink] = None
         self.stopping = False
         self.reform_requested = False
@@ -169,6 +172,8 @@ class Coordinator(Channel, Ending):
             self._emit(kind, rec, state_bytes=m.state_bytes, params=m.params, state_port=m.state_port, buckets=m.buckets, buffers=m.buffers)
         elif isinstance(m, Metrics):
             self._on_metrics(rec, m)
+        elif isinstance(m, Eval):
+            self._on_eval(rec, m)
         elif isinstance(m, Held):
             self._on_held(rec, m)
         elif isinstance(m, (Ready, Joining, Fetched)):
@@ -209,10 +214,13 @@ class Coordinator(Channel, Ending):
     def _on_metrics(self, rec: WorkerRec, m: Metrics) -> None:
         now = self.clock()
         back = self.feed.on_step(m, now)
-        self._emit("step", rec, step=m.step, loss=m.loss, lr=m.lr, grad_norm=m.grad_norm, step_s=m.step_s, skipped=m.skipped, at=now)
+        extra = {"metrics": m.metrics} if m.metrics else {}
+        self._emit("step", rec, step=m.step, loss=m.loss, lr=m.lr, grad_norm=m.grad_norm, step_s=m.step_s, skipped=m.skipped, at=now, **extra)
         self.skipped = m.skipped_total or self.skipped
+        self.last_metrics = m.metrics or self.last_metrics
         if self.tensorboard is not None:
             self.tensorboard.step(m.step, m.loss, m.lr, m.grad_norm, m.step_s, m.samples / m.step_s if m.samples and m.step_s > 0 else None)
+            self.tensorboard.scalars("train", m.step, m.metrics)
         self._fault_a_spare(m.step)
         ahead = self.copies.timed(now, m.step, float(self.cfg.train.get("save_every_s", 0.0)))
         if ahead is not None:  # train.save_every_s: every rank copies that step (worker/periodic.py)
@@ -220,6 +228,14 @@ class Coordinator(Channel, Ending):
         if back is not None:
             self._resumed(rec, m.step, back, now)
         self.progress.update(self.feed.snapshot(m, now, self._t_train, len(self.recoveries), self.gen))
+
+    def _on_eval(self, rec: WorkerRec, m: Eval) -> None:
+        """An evaluation (a recovered generation that starts at an evaluation step redoes it: same values)."""
+        self._emit("eval", rec, step=m.step, metrics=m.metrics, eval_s=m.eval_s)
+        self.last_eval = {"step": m.step, "metrics": m.metrics}
+        if self.tensorboard is not None:
+            self.tensorboard.scalars("eval", m.step, m.metrics)
+        self.progress.note(f"eval at step {m.step}: " + " ".join(f"{k} {v:.4f}" for k, v in sorted(m.metrics.items())))
 
     def _fault_a_spare(self, step: int) -> None:
         """A kill_spare fault due at this step is sent to a connected spare, never promoted after."""
@@ -378,6 +394,7 @@ class Coordinator(Channel, Ending):
         self._emit("job_started", address=self.address, coordinator_pid=os.getpid(), host=socket.gethostname(), world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
         log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
         log.info("%s", self.layout.describe())
+        log.info("%s", global_batch(self.cfg))
         self._emit("layout", mode=self.layout.mode, survives_node_losses=self.layout.survives(), describe=self.layout.describe())
         active, spare = await self._off_loop(self.launcher.initial_nodes, self.bad_nodes)
         for name in active:

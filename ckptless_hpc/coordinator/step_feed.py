@@ -89,4 +89,5 @@ class StepFeed:
             recoveries=recoveries,
             goodput=goodput(self.steps.productive_s, now - (t_train or now)),
             gen=gen,
+            metrics=m.metrics,
         )

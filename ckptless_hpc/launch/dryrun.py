@@ -1,10 +1,14 @@
-"""``dry_run=true``: the whole config validated, the placement and (Slurm) the rendered
-sbatch/srun lines printed; nothing is launched."""
+"""``dry_run=true``: the whole config validated, the task checked (its class imported, the
+arguments matched against its signature: :mod:`.task_check`; no model built), the placement and
+(Slurm) the rendered sbatch/srun lines printed; nothing is launched."""
 
 from __future__ import annotations
 
 import shlex
+import sys
 from typing import Any, List
+
+EXIT_TASK = 2  # as any other invalid configuration
 
 
 def placement(cfg: Any) -> List[str]:
@@ -47,9 +51,16 @@ def slurm_lines(cfg: Any, run_dir: str) -> List[str]:
 
 
 def dry_run(cfg: Any, run_dir: str) -> int:
+    from ..config import global_batch
     from ..faults import faults_from_config
+    from .task_check import batch_size, task_errors
 
+    errors = task_errors(cfg.get("task"))
+    if errors:
+        print("ckptless_hpc: invalid configuration:\n  - " + "\n  - ".join(errors), file=sys.stderr)
+        return EXIT_TASK
     print(f"dry run: configuration valid (cluster={cfg.cluster.backend}, task={cfg.task._target_}, {cfg.train.steps} steps); nothing launched")
+    print(global_batch(cfg, batch_size(cfg)))
     for line in placement(cfg):
         print(line)
     for f in faults_from_config(cfg):

@@ -96,6 +96,8 @@ def human_summary(s: Dict[str, Any]) -> str:
     final = s.get("final") or {}
     if final.get("model"):
         lines.append(f"model        {final['model']['path']} (sha256 {final['model']['sha256'][:16]}); whole state in {final['state']['path']}")
+    if s.get("eval"):
+        lines.insert(4, f"eval         step {s['eval']['step']}: " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(s["eval"]["metrics"].items())))
     for r in s["recoveries"]:
         lines.append(
             f"  gen {r['gen']}: ranks {r['failed_ranks']} on {','.join(r['failed_nodes'])} -> {r['replacements']} at step {r['target_step']}: "

@@ -131,6 +131,17 @@ class Task:
         """Scalar loss of ``model`` on ``batch``."""
         raise NotImplementedError
 
+    # Optional, not defined here (the framework looks for them):
+    #   val_dataset() -> a map-style dataset, or val_batch(index, rank, world, generator) -> a batch,
+    #   and evaluate(model, batch) -> {"name": scalar tensor or float}: train.eval_every=N runs them
+    #   (docs/tasks.md, "Evaluation"). loss() may also return (loss, {"name": ...}): metrics of the step.
+
+    def on_step_end(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
+        """Called on every rank after each optimizer step that was committed (``step``: its index,
+        from 0; not after a step skipped for a non-finite loss or a grad-scaler overflow). What it
+        keeps must live in :meth:`state_dict` (and come back through :meth:`load_state_dict`):
+        then it is carried to replacements, hashed and saved with the rest of the state. Runs under ``torch.no_grad()``."""
+
     def state_dict(self) -> dict:
         """Optional extra state (tensors) to replicate alongside the model and optimizer."""
         return {}

@@ -14,7 +14,11 @@ One step (``train.grad_accum = K`` micro-batches per rank):
    ``skip`` drops the step (identically on every rank: the values are global) and counts it;
 5. fp16: unscale; clip to ``train.clip_grad_norm``; optimizer step (the grad scaler skips it on
    inf/NaN gradients, on every rank alike) and the LR: the built-in warm-up + cosine as a
-   function of the step, or the task's own scheduler stepped once per step.
+   function of the step, or the task's own scheduler stepped once per step;
+6. the task's ``on_step_end`` after an optimizer update that was committed.
+
+The task's own metrics (``loss`` returning ``(loss, {...})``) ride in the loss's all-reduce;
+:meth:`Engine.evaluate` runs ``train.eval_every``'s evaluation (:mod:`.evaluation`).
 
 State (see :mod:`ckptless_hpc.state.snapshot`): parameters, buffers, optimizer moments and the
 task's tensors as pieces keyed by name and owner, plus metadata: the scheduler's and the grad
@@ -26,7 +30,7 @@ counts.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -35,6 +39,7 @@ from ..state.export import key_map
 from ..state.snapshot import Entries, Piece, apply_model_state, apply_optimizer_state, apply_state, collect_state
 from ..tasks.base import set_lr
 from .data import Feed, forward_seed, make_feed
+from .evaluation import MetricSums, ValSource, eval_indices, split_loss
 from .replicated import BucketedGrads, BufferSync
 from .fsdp_strategy import FSDPStrategy
 from .zero import ZeroPartition
@@ -50,6 +55,7 @@ class StepResult:
     lr: float  # the LR this step used (first param group)
     committed: bool = True  # False: on_nonfinite=stop refused the step; the state is the previous one
     skipped: Optional[str] = None  # "nonfinite" (on_nonfinite=skip) or "overflow" (fp16 scaler): no update
+    metrics: Dict[str, float] = field(default_factory=dict)  # the task's own (loss() -> (loss, {...})), global means
     over_budget: Optional[int] = None  # refused because on_nonfinite=skip has dropped this many steps, its limit
 
 
@@ -83,6 +89,22 @@ def _refuse_sync_batchnorm(model: torch.nn.Module) -> None:
         )
 
 
+def _step_end_hook(task: Any, mode: str) -> Optional[Callable[[torch.nn.Module, torch.optim.Optimizer, int], None]]:
+    """The task's ``on_step_end``, if it defines one (the base class's does nothing)."""
+    from ..tasks.base import Task
+
+    fn = getattr(task, "on_step_end", None)
+    if not callable(fn) or getattr(type(task), "on_step_end", None) is Task.on_step_end:
+        return None
+    if mode == "zero":
+        raise ValueError(
+            f"{type(task).__name__}.on_step_end with parallel.mode=zero: after a step each rank holds the new values only of "
+            "the parameters whose optimizer state it owns, so the hook would see stale ones. HINT: use parallel.mode=ddp "
+            "(or fsdp, where the hook sees this rank's shard of every parameter)"
+        )
+    return fn
+
+
 class Engine:
     """Model, optimizer, scheduler, scaler and data feed of one worker, for any generation."""
 
@@ -108,6 +130,10 @@ class Engine:
         self.grads = BucketedGrads(params, int(float(t.bucket_mb) * (1 << 20)), device) if self.fsdp is None else None
         self.buffers = BufferSync(self.model)
         self._loss_sum = torch.zeros(1, dtype=torch.float64, device=device)
+        self.metrics = MetricSums(f"{type(task).__name__}.loss")
+        self._reduced = self._loss_sum  # what the step's loss all-reduce sums: the loss, the task's metrics
+        self.val: Optional[ValSource] = ValSource(task, int(t.seed)) if int(t.eval_every) > 0 else None  # train.eval_every: evaluate()
+        self.hook = _step_end_hook(task, self.mode)
         self.skipped: Dict[str, int] = {"nonfinite": 0, "overflow": 0}
         self.feed: Feed = make_feed(task, t.seed, world, self.micro_batches, t.steps, int(t.data_workers), int(t.prefetch), close_fds)
         self.comm: Any = None
@@ -157,6 +183,19 @@ class Engine:
     def add_loss(self, loss: torch.Tensor) -> None:
         self._loss_sum += loss.detach().to(torch.float64)
 
+    def task_loss(self, batch: Any) -> torch.Tensor:
+        """The task's loss on one micro-batch (under the caller's autocast); its own metrics, if
+        it returns ``(loss, {...})``, are added to the step's sums."""
+        loss, metrics = split_loss(self.task.loss(self.model, batch), self.task)
+        if metrics is not None or self.metrics.names is not None:
+            self.metrics.add(metrics or {}, self.device)
+        return loss
+
+    def reduction(self) -> torch.Tensor:
+        """The vector the step's loss all-reduce sums (the loss sum alone without metrics)."""
+        self._reduced = self.metrics.vector(self._loss_sum)
+        return self._reduced
+
     def autocast(self) -> Any:
         if self.amp_dtype is None:
             return torch.autocast(self.device.type, enabled=False)
@@ -168,6 +207,7 @@ class Engine:
         if self.grads is not None:
             self.grads.zero()
         self._loss_sum.zero_()
+        self.metrics.zero()
         if self.buffers:
             self.buffers.save()
         if self.zero is not None and self.zero.stale:  # the owners' parameters of the last step
@@ -178,11 +218,11 @@ class Engine:
             if self.fsdp is not None:
                 futures = self.fsdp.forward_backward(step, comm)
                 on_backward()
-                futures = [comm.allreduce(self._loss_sum)] + futures
+                futures = [comm.allreduce(self.reduction())] + futures
             else:
                 futures = self._forward_backward(step, comm)
                 on_backward()
-                futures = self.grads.launch_rest() + [comm.allreduce(self._loss_sum)] + futures
+                futures = self.grads.launch_rest() + [comm.allreduce(self.reduction())] + futures
                 self.grads.disarm()
             wait(futures)
             if self.fsdp is not None:  # a collective too: inside the step, which it can fail
@@ -200,6 +240,9 @@ class Engine:
             raise
         self.state_step = None
         res = self._update(step, comm.world * self.micro_batches, t, norm)
+        if self.hook is not None and res.committed and res.skipped is None:
+            with torch.no_grad():
+                self.hook(self.model, self.optimizer, step)
         self.state_step = step + 1 if res.committed else step
         return res
 
@@ -212,10 +255,10 @@ class Engine:
             if last:
                 self.grads.arm(comm)
             with self.autocast():
-                loss = self.task.loss(self.model, batch)
+                loss = self.task_loss(batch)
             if last and self.buffers:  # the forward has updated them: rank 0's go to everyone
                 broadcasts = self.buffers.launch(comm)
-            self._loss_sum += loss.detach().to(torch.float64)
+            self.add_loss(loss)
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         return broadcasts
 
@@ -225,16 +268,17 @@ class Engine:
     def _update(self, step: int, n: int, t: Any, norm: Optional[torch.Tensor] = None) -> StepResult:
         if self.grads is not None:  # FSDP has averaged over the ranks (and the micro-batches: loss / K)
             self.grads.divide(n)
-        loss = float(self._loss_sum) / n
+        loss = float(self._reduced[0]) / n
+        metrics = self.metrics.means(self._reduced, self.comm.world, n)
         if not math.isfinite(loss):
-            return self._nonfinite(step, t, loss, float("nan"))
+            return self._nonfinite(step, t, loss, float("nan"), metrics)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if norm is None:
             norm = self.grads.total_norm()
         grad_norm = float(norm)
         if self.scaler is None and not math.isfinite(grad_norm):
-            return self._nonfinite(step, t, loss, grad_norm)
+            return self._nonfinite(step, t, loss, grad_norm, metrics)
         if t.clip_grad_norm is not None:
             (self.fsdp or self.grads).clip(float(t.clip_grad_norm), norm)
         if self.scheduler is None:
@@ -253,7 +297,7 @@ class Engine:
         if self.zero is not None:
             self.zero.stale = True
         self._step_scheduler(loss)
-        return StepResult(loss, grad_norm, lr, skipped=skipped)
+        return StepResult(loss, grad_norm, lr, skipped=skipped, metrics=metrics)
 
     def _step_scheduler(self, loss: float) -> None:
         if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
@@ -261,17 +305,50 @@ class Engine:
         elif self.scheduler is not None:
             self.scheduler.step()
 
-    def _nonfinite(self, step: int, t: Any, loss: float, grad_norm: float) -> StepResult:
+    def _nonfinite(self, step: int, t: Any, loss: float, grad_norm: float, metrics: Dict[str, float]) -> StepResult:
         self.buffers.restore()
         lr = self._lr()
         if t.on_nonfinite == "stop":
-            return StepResult(loss, grad_norm, lr, committed=False)
+            return StepResult(loss, grad_norm, lr, committed=False, metrics=metrics)
         if self.skipped["nonfinite"] >= skip_budget(t.steps, t.max_skipped_fraction):  # the same count on every rank: all stop here
-            return StepResult(loss, grad_norm, lr, committed=False, over_budget=self.skipped["nonfinite"])
+            return StepResult(loss, grad_norm, lr, committed=False, over_budget=self.skipped["nonfinite"], metrics=metrics)
         self.skipped["nonfinite"] += 1
         if self.scheduler is not None and not isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
             self.scheduler.step()  # the LR stays a function of the step index
-        return StepResult(loss, grad_norm, lr, skipped="nonfinite")
+        return StepResult(loss, grad_norm, lr, skipped="nonfinite", metrics=metrics)
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, step: int, wait: Callable[[List[Any]], None], before_reduce: Callable[[], None] = lambda: None) -> Dict[str, float]:
+        """The task's metrics on the ``train.eval_batches`` validation batches, averaged over all
+        of them (every rank gets the same values): under ``torch.no_grad()`` and ``model.eval()``,
+        the model back in train mode after. The training state is not touched (ZeRO brings the
+        owners' parameters of the last step, as the next step would; a sharded model evaluates
+        sharded). A failed collective raises as in a step (FSDP: ``StepFailed``). ``before_reduce``
+        runs after the forwards, before the all-reduce is launched (the worker's fault point)."""
+        assert self.val is not None, "evaluate() without train.eval_every"
+        comm, batches = self.comm, int(self.cfg.train.eval_batches)
+        if self.zero is not None and self.zero.stale:
+            wait(self.zero.launch_sync(comm))
+            self.zero.land_sync()
+        sums = MetricSums(f"{type(self.task).__name__}.evaluate")
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for index, weight in eval_indices(comm.rank, comm.world, batches):
+                    batch = self.val.batch(index, comm.rank, comm.world)
+                    with self.autocast():
+                        out = self.task.evaluate(self.model, batch) if self.fsdp is None else self.fsdp.evaluate(batch)
+                    sums.add(out, self.device, weight)
+            total = sums.vector(torch.zeros(1, dtype=torch.float64, device=self.device))
+            before_reduce()
+            wait([comm.allreduce(total)])
+        except BaseException:
+            if self.fsdp is not None:
+                self.fsdp.discard()
+            raise
+        finally:
+            self.model.train()
+        return sums.means(total, comm.world, batches)
 
     # ------------------------------------------------------------------ state
     def pieces(self, step: int) -> Tuple[List[Piece], Dict[str, Any]]:

@@ -24,6 +24,7 @@ import torch
 
 from . import fsdp
 from ..state.snapshot import Entries, plain_meta
+from .evaluation import split_loss
 
 
 class StepFailed(RuntimeError):
@@ -50,7 +51,7 @@ class FSDPStrategy:
         e = self.e
         batch = e.feed.batches.batch(0, 0, 0)
         self.warm = fsdp.warm_up(
-            e.task.build_model, lambda m: e.task.loss(m, batch), lambda m: e.task.build_optimizer(m, e.cfg.optim),
+            e.task.build_model, lambda m: split_loss(e.task.loss(m, batch), e.task)[0], lambda m: e.task.build_optimizer(m, e.cfg.optim),
             units_fn=lambda m: fsdp.units_for(e.task, m),
         )
         return self.warm
@@ -100,7 +101,7 @@ class FSDPStrategy:
                 last = micro == k - 1
                 self.binding.set_sync(last)
                 with e.autocast():
-                    loss = e.task.loss(e.model, batch)
+                    loss = e.task_loss(batch)
                 if last and e.buffers:
                     broadcasts = e.buffers.launch(comm)
                 e.add_loss(loss)
@@ -116,6 +117,15 @@ class FSDPStrategy:
                 ) from None
             raise
         return broadcasts
+
+    def evaluate(self, batch: Any) -> Any:
+        """The task's evaluate on the sharded model (its all-gathers can fail as a step's do)."""
+        try:
+            return self.e.task.evaluate(self.e.model, batch)
+        except Exception as err:
+            if _is_comm_error(err):
+                raise StepFailed(f"evaluation: {err}") from None
+            raise
 
     def grad_norm(self) -> torch.Tensor:
         assert self.binding is not None

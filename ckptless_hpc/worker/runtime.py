@@ -43,6 +43,7 @@ from .shard_copies import ShardCopies
 from ..train import cuda
 from ..train.comm import Communicator, DeadlineExceeded, Retired, connect_store, resources, within
 from ..train.engine import Engine, StepResult
+from ..train.evaluation import eval_due
 from ..train.fsdp_strategy import StepFailed
 from . import last_resort
 from .control import ControlClient, exit_now
@@ -375,11 +376,15 @@ class Worker(Interruptible, PeerState, StorageCopy):
         steps = self.cfg.train.steps
         self.training = True
         try:
-            while self.step < steps:
+            while True:
                 if self.abort_gen > gen or self._stopping or self._orphaned:
                     self._drop_behind()
                     self._abandon_group()
                     return
+                if eval_due(self.step, int(self.cfg.train.eval_every), steps):  # redone by a generation that starts here
+                    self._evaluate(gen)
+                if self.step >= steps:
+                    break
                 if not self._one_step(gen):
                     return
         except Aborted:
@@ -434,9 +439,18 @@ class Worker(Interruptible, PeerState, StorageCopy):
                 {
                     "type": "metrics", "gen": gen, "step": self.step, "loss": res.loss, "lr": res.lr, "grad_norm": res.grad_norm,
                     "step_s": time.perf_counter() - t0, "samples": self.samples, "skipped": res.skipped, "skipped_total": dict(self.engine.skipped),
+                    "metrics": res.metrics or None,
                 }
             )
         return True
+
+    def _evaluate(self, gen: int) -> None:
+        """The evaluation after ``self.step`` committed steps (a failure in it is a step's: the
+        generation that recovers starts at this step and evaluates again)."""
+        step, t0 = self.step, time.perf_counter()
+        values = self.engine.evaluate(step, lambda futures: self._wait(futures, gen, step), lambda: self._fire_due("eval", step))
+        if self.rank == 0:
+            self.client.send({"type": "eval", "gen": gen, "step": step, "metrics": values, "eval_s": time.perf_counter() - t0})
 
     def _report_nonfinite(self, gen: int, step: int, res: StepResult) -> None:
         what = f"loss {res.loss}" if not math.isfinite(res.loss) else f"gradient norm {res.grad_norm}"

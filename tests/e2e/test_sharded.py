@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 TASKS = {"PYTHONPATH": str(Path(__file__).parent / "tasks_for_tests")}
 RICH = ("~task", "+task._target_=engine_tasks.ShardedRichMLP", "train.steps=40", "train.grad_accum=2", "train.clip_grad_norm=0.5")
+EVAL = ("train.eval_every=8", "train.eval_batches=4")  # every shard evaluates its part: evaluations 8, 16, 24, 32, 40
 FAST_HB = ("cluster.heartbeat_interval_s=0.25", "cluster.heartbeat_timeout_s=1.5")
 SHAPE = ("cluster.nodes=2", "cluster.workers_per_node=2", "cluster.spare_nodes=2")
 MODES = {  # on 2 nodes x 2 ranks
@@ -42,7 +43,7 @@ def _events(run_dir: Path, name: str) -> list:
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_every_fault_kind_keeps_the_oracle(mode, job, baseline):
-    cfg = (*RICH, *SHAPE, *MODES[mode])
+    cfg = (*RICH, *SHAPE, *MODES[mode], *EVAL)
     res = job(*cfg, *FAST_HB, *SCHEDULE, env=TASKS)
     assert res.rc == 0, res.out[-5000:]
     s = res.summary
@@ -50,6 +51,11 @@ def test_every_fault_kind_keeps_the_oracle(mode, job, baseline):
     assert sorted(s["faults_fired"]) == [0, 1, 2, 3], s["faults_fired"]
     assert len(s["recoveries"]) == 4, [r["failed_ranks"] for r in s["recoveries"]]
     assert s["final_state_sha256"] == baseline(*cfg, *FAST_HB, env=TASKS)
+    # the sharded model's evaluations (and the own metric) equal the fault-free run's, bitwise
+    evals = {e["step"]: e["metrics"] for e in _events(res.run_dir, "eval")}
+    want = {e["step"]: e["metrics"] for e in baseline.result(*cfg, *FAST_HB, env=TASKS).of("eval")}
+    assert sorted(evals) == [8, 16, 24, 32, 40] and evals == want
+    assert s["final_metrics"] == baseline.result(*cfg, *FAST_HB, env=TASKS).summary["final_metrics"] and "accuracy" in s["final_metrics"]
     layout = _events(res.run_dir, "layout")[0]
     assert layout["mode"] == mode and layout["survives_node_losses"] == 1
     moved = _events(res.run_dir, "state_transferred")

@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from ckpt_testlib import REPO
+from ckpt_testlib import REPO, run_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -87,3 +87,42 @@ def test_token_file_lm_reads_a_memory_mapped_file_in_data_workers_and_survives(j
     _assert_recovered_equal(res, baseline(*cfg))
     # the same bytes as batches made in the training thread
     assert baseline(*cfg) == baseline(*(o for o in cfg if o != "train.data_workers=2"))
+
+
+EMA = (SEARCH, "task=ema", "train.steps=16", "train.eval_every=4", "train.eval_batches=4", *FAST_HB)
+
+
+@pytest.fixture(scope="module")
+def ema_baseline(tmp_path_factory):
+    """The EMA example's fault-free run (its hash and its evaluations)."""
+    res = run_job(tmp_path_factory.mktemp("ema"), *EMA, "fault=none")
+    assert res.rc == 0, res.out
+    return res
+
+
+def _evals(res) -> dict:
+    """step -> metrics of the evaluations (a redone one must give the same values: the last is kept)."""
+    return {e["step"]: e["metrics"] for e in res.of("eval")}
+
+
+def test_ema_example_survives_a_killed_worker_with_the_same_evaluations(job, ema_baseline):
+    """The EMA weights live in the task's state_dict(): carried to the replacement and hashed;
+    the evaluations (model and EMA weights) equal the fault-free run's, bitwise."""
+    res = job(*EMA, *KILL)
+    _assert_recovered_equal(res, ema_baseline.summary["final_state_sha256"])
+    assert sorted(_evals(ema_baseline)) == [4, 8, 12, 16]
+    assert _evals(res) == _evals(ema_baseline)
+    assert set(_evals(res)[16]) == {"loss", "accuracy", "ema_loss", "ema_accuracy"}
+    assert res.summary["eval"] == ema_baseline.summary["eval"] == {"step": 16, "metrics": _evals(ema_baseline)[16]}
+    assert res.summary["final_metrics"] == ema_baseline.summary["final_metrics"] and "accuracy" in res.summary["final_metrics"]
+    assert all("accuracy" in e["metrics"] for e in res.of("step"))
+    assert "eval at step 16: accuracy" in res.out and "eval         step 16: accuracy" in res.out  # the console line, the summary
+
+
+def test_a_worker_killed_during_an_evaluation_is_recovered_and_the_evaluation_redone(job, ema_baseline):
+    res = job(*EMA, "fault=kill_worker", "fault.rank=1", "fault.step=8", "fault.at=eval")
+    _assert_recovered_equal(res, ema_baseline.summary["final_state_sha256"])
+    assert [e["step"] for e in res.of("fault_injected")] == [8]
+    assert res.summary["recoveries"][0]["target_step"] == 8
+    assert [e["gen"] for e in res.of("eval") if e["step"] == 8] == [1]  # gen 0's never completed; gen 1 redid it
+    assert _evals(res) == _evals(ema_baseline)

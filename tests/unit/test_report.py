@@ -207,3 +207,20 @@ def test_throughput_notches_at_a_gap_and_ignores_bursts():
     burst = report.throughput([0.0, 1.0, 1.0001, 2.0], short=3)[1]
     assert max(burst) < 3.5  # two events 0.1 ms apart are not read as 10000 steps/s
     assert report.robust_top([1.0] * 99 + [1000.0], headroom=1.0) == 1.0
+
+
+def test_evaluation_panel_and_own_metrics_from_events():
+    """The last evaluation of each step is kept (a recovered generation redoes one), the panel
+    names the steps and the last values; the own metrics are the last step's."""
+    from ckptless_hpc.rundir import Run
+
+    events = _synthetic() + [
+        _ev("step", 3.0, step=9, loss=0.5, metrics={"accuracy": 0.25}),
+        _ev("eval", 3.1, step=4, metrics={"loss": 1.0}, gen=0),
+        _ev("eval", 3.2, step=8, metrics={"loss": 0.75}, gen=0),
+        _ev("eval", 3.3, step=8, metrics={"loss": 0.75}, gen=1),
+        _ev("step", 3.4, step=10, loss=0.5, metrics={"accuracy": 0.5}),
+    ]
+    lines = report.metric_lines(Run("x", events))
+    assert lines == ["  evaluations     2, at step(s) 4, 8; last (step 8): loss 0.7500", "  own metrics     last step: accuracy 0.5000"]
+    assert report.metric_lines(Run("x", _synthetic())) == []

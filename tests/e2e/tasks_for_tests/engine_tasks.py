@@ -96,6 +96,25 @@ class ShardedRichMLP(MLPTask):
     def build_scheduler(self, optimizer, optim, total_steps):
         return torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=float(optim.lr), total_steps=total_steps)
 
+    def loss(self, model, batch):  # a metric of its own, reduced with the loss (FSDP's path too)
+        x, y = (t.to(next(model.parameters()).device) for t in batch)
+        logits = model(x)
+        return nn.functional.cross_entropy(logits, y), {"accuracy": (logits.argmax(dim=1) == y).float().mean()}
+
+    def val_batch(self, index, rank, world, generator):
+        return self.batch(index, 0, 1, generator)
+
+    def evaluate(self, model, batch):  # with train.eval_every: the sharded model, in eval mode
+        x, y = (t.to(next(model.parameters()).device) for t in batch)
+        logits = model(x)
+        return {"loss": nn.functional.cross_entropy(logits, y), "accuracy": (logits.argmax(dim=1) == y).float().mean()}
+
+
+class NeverBuilt(MLPTask):
+    """Fails if constructed: the dry run must check the task without building it."""
+
+    def __init__(self, width: int, **kw) -> None:
+        raise RuntimeError("NeverBuilt was constructed")
 
 class SGDGroupsMLP(MLPTask):
     """SGD with momentum and two param groups (weights with weight decay, biases at half the LR
