@@ -117,6 +117,22 @@ def test_ema_example_survives_a_killed_worker_with_the_same_evaluations(job, ema
     assert res.summary["final_metrics"] == ema_baseline.summary["final_metrics"] and "accuracy" in res.summary["final_metrics"]
     assert all("accuracy" in e["metrics"] for e in res.of("step"))
     assert "eval at step 16: accuracy" in res.out and "eval         step 16: accuracy" in res.out  # the console line, the summary
+    # the last evaluation is a plain no_grad evaluation of the weights the job left (final/): model.pt and the task's EMA state
+    from examples.ema import EMATask
+    from ckptless_hpc.state import emergency
+    from ckptless_hpc.train.evaluation import ValSource
+
+    task = EMATask(decay=0.9)
+    model = task.build_model()
+    model.load_state_dict(torch.load(res.summary["final"]["model"]["path"], weights_only=True))
+    entries, meta = emergency.read(os.path.join(res.summary["final"]["state"]["path"], "state.pt"))
+    task.load_state_dict({**meta["task_scalars"], **{n[len("task."):]: t for n, t in entries if n.startswith("task.")}})
+    model.eval()
+    with torch.no_grad():
+        plain = [task.evaluate(model, ValSource(task, 0).batch(i, 0, 1)) for i in range(4)]
+    for name, value in res.summary["eval"]["metrics"].items():
+        want = sum(float(m[name]) for m in plain) / 4
+        assert abs(value - want) <= 1e-6 * max(1.0, abs(want)), (name, value, want)
 
 
 def test_a_worker_killed_during_an_evaluation_is_recovered_and_the_evaluation_redone(job, ema_baseline):
