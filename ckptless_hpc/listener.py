@@ -8,9 +8,10 @@ state server), so that no stranger can end or wedge it:
 - A connection has ``handshake_s`` in all to authenticate (``protocol.server_handshake``'s
   deadline: a peer dripping one byte at a time gets no more time than a silent one).
 - At most ``preauth`` connections are in their handshake at once. A newcomer finding them all
-  taken evicts the oldest when it has had ``EVICT_AGE_S`` already (a drip or a half-open flood
-  cannot keep out a peer that knows the secret: its handshake takes milliseconds); else the
-  newcomer is refused (a burst of young handshakes: peers retry).
+  taken evicts the oldest: a drip or a half-open flood cannot keep out a peer that knows the
+  secret (its handshake takes milliseconds; to evict it, a stranger would have to open
+  ``preauth`` connections in that time). A peer evicted in a burst of its own kind retries
+  (``protocol.connect_paced``, a fetch's next attempt).
 - At most ``authed`` authenticated connections are served at once; one more is refused.
 
 Every refusal reaches ``on_reject(addr, why)`` (the caller counts, logs and reports it) and
@@ -25,7 +26,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional
 
 from . import protocol
 
@@ -34,7 +35,6 @@ log = logging.getLogger(__name__)
 FIRST_PAUSE_S = 0.01
 MAX_PAUSE_S = 1.0
 LOG_EVERY_S = 10.0
-EVICT_AGE_S = 1.0
 _CLOSED = (errno.EBADF, errno.EINVAL, errno.ENOTSOCK)  # accept() on a listener closed or shut down
 
 Handler = Callable[[socket.socket, Any], None]
@@ -74,7 +74,7 @@ class Listener:
         self.preauth, self.authed, self.handshake_s = preauth, authed, handshake_s
         self._on_reject = on_reject
         self._lock = threading.Lock()
-        self._pending: "OrderedDict[socket.socket, Tuple[Any, float]]" = OrderedDict()  # in their handshake, oldest first
+        self._pending: "OrderedDict[socket.socket, float]" = OrderedDict()  # in their handshake (since when), oldest first
         self._evicted: Dict[socket.socket, str] = {}
         self._serving = 0
         self._closed = False
@@ -111,8 +111,16 @@ class Listener:
             if failures:
                 log.warning("%s: accepting again after %d failed accept()s", self.what, failures)
                 failures = 0
-            if self._admit(conn, addr):
+            self._admit(conn)
+            try:
                 threading.Thread(target=self._run, args=(conn, addr), name=f"conn {self.what}", daemon=True).start()
+            except RuntimeError as e:  # no thread to be had (the process's limit): this one waits no more, the loop goes on
+                with self._lock:
+                    self._pending.pop(conn, None)
+                conn.close()
+                self.reject(addr, f"no thread to serve it: {e}")
+                failures += 1
+                time.sleep(accept_pause_s(failures))
 
     def _accept_failed(self, e: OSError, failures: int) -> None:
         self.accept_errors += 1
@@ -126,30 +134,18 @@ class Listener:
             self.what, name, e.strerror, failures, held, accept_pause_s(failures),
         )
 
-    def _admit(self, conn: socket.socket, addr: Any) -> bool:
-        """A new connection takes a handshake slot: a free one, or the oldest one's if it is old
-        enough; else it is refused (closed at once)."""
+    def _admit(self, conn: socket.socket) -> None:
+        """A new connection takes a handshake slot: a free one, else the oldest one's."""
         now = time.monotonic()
-        refused = None
         with self._lock:
             if len(self._pending) >= self.preauth:
-                oldest, (_, t0) = next(iter(self._pending.items()))
-                if now - t0 < EVICT_AGE_S:
-                    refused = f"{self.preauth} handshakes already in progress (the oldest for {now - t0:.2f}s)"
-                else:
-                    del self._pending[oldest]
-                    self._evicted[oldest] = f"evicted after {now - t0:.1f}s without finishing its handshake ({self.preauth} handshakes in progress, a newcomer waiting)"
-                    try:
-                        oldest.shutdown(socket.SHUT_RDWR)  # its thread wakes, finds it evicted, reports and closes it
-                    except OSError:
-                        pass
-            if refused is None:
-                self._pending[conn] = (addr, now)
-        if refused is not None:
-            conn.close()
-            self.reject(addr, refused)
-            return False
-        return True
+                oldest, t0 = self._pending.popitem(last=False)
+                self._evicted[oldest] = f"evicted after {now - t0:.2f}s without finishing its handshake ({self.preauth} handshakes in progress, a newcomer waiting)"
+                try:
+                    oldest.shutdown(socket.SHUT_RDWR)  # its thread wakes, finds it evicted, reports and closes it
+                except OSError:
+                    pass
+            self._pending[conn] = now
 
     # ---------------------------------------------------------------- one connection
     def _run(self, conn: socket.socket, addr: Any) -> None:
@@ -171,7 +167,7 @@ class Listener:
         except (protocol.ProtocolError, OSError) as e:
             why = str(e) or type(e).__name__
             if isinstance(e, ConnectionError):
-                why = f"connection closed before authentication ({type(e).__name__})"
+                why = f"connection closed before authentication ({type(e).__name__}: {why})"
         with self._lock:
             self._pending.pop(conn, None)
             evicted = self._evicted.pop(conn, None)
