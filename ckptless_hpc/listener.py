@@ -8,9 +8,10 @@ state server), so that no stranger can end or wedge it:
 - A connection has ``handshake_s`` in all to authenticate (``protocol.server_handshake``'s
   deadline: a peer dripping one byte at a time gets no more time than a silent one).
 - At most ``preauth`` connections are in their handshake at once. A newcomer finding them all
-  taken evicts the oldest: a drip or a half-open flood cannot keep out a peer that knows the
-  secret (its handshake takes milliseconds; to evict it, a stranger would have to open
-  ``preauth`` connections in that time). A peer evicted in a burst of its own kind retries
+  taken evicts the oldest if that one has had ``EVICT_AGE_S`` already: a drip or a half-open
+  flood cannot keep out a peer that knows the secret (its handshake takes milliseconds). Else
+  the newcomer is refused: a stranger reconnecting as soon as it is evicted cannot evict in turn
+  the peer that just took its slot, and a peer refused in a burst of its own kind retries
   (``protocol.connect_paced``, a fetch's next attempt).
 - At most ``authed`` authenticated connections are served at once; one more is refused.
 
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 
 FIRST_PAUSE_S = 0.01
 MAX_PAUSE_S = 1.0
+EVICT_AGE_S = 1.0
 LOG_EVERY_S = 10.0
 _CLOSED = (errno.EBADF, errno.EINVAL, errno.ENOTSOCK)  # accept() on a listener closed or shut down
 
@@ -111,7 +113,11 @@ class Listener:
             if failures:
                 log.warning("%s: accepting again after %d failed accept()s", self.what, failures)
                 failures = 0
-            self._admit(conn)
+            refused = self._admit(conn)
+            if refused is not None:
+                conn.close()
+                self.reject(addr, refused)
+                continue
             try:
                 threading.Thread(target=self._run, args=(conn, addr), name=f"conn {self.what}", daemon=True).start()
             except RuntimeError as e:  # no thread to be had (the process's limit): this one waits no more, the loop goes on
@@ -134,18 +140,23 @@ class Listener:
             self.what, name, e.strerror, failures, held, accept_pause_s(failures),
         )
 
-    def _admit(self, conn: socket.socket) -> None:
-        """A new connection takes a handshake slot: a free one, else the oldest one's."""
+    def _admit(self, conn: socket.socket) -> Optional[str]:
+        """A new connection takes a handshake slot: a free one, or the oldest one's if that one
+        is old enough; else why it is refused."""
         now = time.monotonic()
         with self._lock:
             if len(self._pending) >= self.preauth:
-                oldest, t0 = self._pending.popitem(last=False)
+                oldest, t0 = next(iter(self._pending.items()))
+                if now - t0 < EVICT_AGE_S:
+                    return f"{self.preauth} handshakes already in progress, the oldest for {now - t0:.2f}s only"
+                del self._pending[oldest]
                 self._evicted[oldest] = f"evicted after {now - t0:.2f}s without finishing its handshake ({self.preauth} handshakes in progress, a newcomer waiting)"
                 try:
                     oldest.shutdown(socket.SHUT_RDWR)  # its thread wakes, finds it evicted, reports and closes it
                 except OSError:
                     pass
             self._pending[conn] = now
+        return None
 
     # ---------------------------------------------------------------- one connection
     def _run(self, conn: socket.socket, addr: Any) -> None:

@@ -136,7 +136,8 @@ def test_the_handshake_functions_take_one_bound_for_all_their_reads():
 # ---------------------------------------------------------------------------- the pools
 
 
-def test_strangers_holding_every_handshake_slot_give_way_to_a_peer():
+def test_strangers_holding_every_handshake_slot_give_way_to_a_peer(monkeypatch):
+    monkeypatch.setattr(listener, "EVICT_AGE_S", 0.0)  # they have all had long enough
     srv = Served(preauth=4, authed=4)
     try:
         held = [stranger(srv.port) for _ in range(4)]  # every handshake slot
@@ -145,6 +146,23 @@ def test_strangers_holding_every_handshake_slot_give_way_to_a_peer():
         assert closed_by_server(held[0])
         assert not [w for a, w in srv.rejects if a[1] in [s.getsockname()[1] for s in held[1:]]], "only the oldest is evicted"
         for s in held + [ok]:
+            s.close()
+    finally:
+        srv.close()
+
+
+def test_a_newcomer_cannot_evict_handshakes_younger_than_the_eviction_age(monkeypatch):
+    """A stranger reconnecting as soon as it is evicted cannot evict in turn the peer that just
+    took its slot: young handshakes stay, the newcomer is refused (and told at once)."""
+    monkeypatch.setattr(listener, "EVICT_AGE_S", 60.0)
+    srv = Served(preauth=2, authed=4)
+    try:
+        held = [stranger(srv.port) for _ in range(2)]
+        late = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        assert closed_by_server(late)
+        assert "2 handshakes already in progress" in srv.why(late)
+        assert len(srv.rejects) == 1, srv.rejects
+        for s in held + [late]:
             s.close()
     finally:
         srv.close()
