@@ -30,7 +30,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 STATE_WORKER = "local0.0"  # rank 0: a worker that is training, not a spare
 FLOOD = 100  # connections held open at once, per port
-# pre-auth frames that escape the rejection path in the core (see test_malformed_json_is_logged_as_rejected)
+# malformed pre-auth frames (absurd nesting, a non-ASCII MAC) once escaped the rejection path: checked on
+# their own by test_malformed_json_is_logged_as_rejected
 ESCAPING = ("deep_nesting", "non_ascii_mac")
 
 
