@@ -20,6 +20,7 @@ import resource
 import selectors
 import signal
 import socket
+import struct
 import threading
 import time
 from typing import List
@@ -49,8 +50,8 @@ def _recovered_to_the_oracle(job, baseline) -> None:
 
 
 class Drip:
-    """``n`` connections to ``addr`` that send two bytes of a length, then one byte every
-    DRIP_EVERY_S, all from one thread; ``persistent``: one the server closes is opened again at
+    """``n`` connections to ``addr`` that announce a frame of 1,000 bytes (within the 1 KiB a
+    stranger may send), then send its bytes one every DRIP_EVERY_S, all from one thread; ``persistent``: one the server closes is opened again at
     once (every slot stays taken), else it is left closed."""
 
     def __init__(self, addr, n: int, persistent: bool) -> None:
@@ -66,7 +67,7 @@ class Drip:
 
     def _open(self) -> None:
         s = socket.create_connection(self.addr, timeout=30)
-        s.sendall(b"\x00\x00")
+        s.sendall(struct.pack(">I", 1000))
         s.setblocking(False)
         self.sel.register(s, selectors.EVENT_READ)
 
@@ -86,7 +87,7 @@ class Drip:
                 next_drip += DRIP_EVERY_S
                 for key in list(self.sel.get_map().values()):
                     try:
-                        key.fileobj.send(b"\x00")
+                        key.fileobj.send(b" ")
                         self.sent += 1
                     except OSError:
                         self._gone(key.fileobj)
