@@ -131,7 +131,7 @@ class LiveJob:
         """rank -> worker of the first generation."""
         return {int(r): w for r, w in self.of("generation_started")[0]["ranks"].items()}
 
-    def finished(self, timeout_s: float = 240) -> Dict[str, Any]:
+    def finished(self, timeout_s: float = 600) -> Dict[str, Any]:
         """The job_finished event (the job may take the time of a recovery or two to get there)."""
         deadline = time.monotonic() + timeout_s
         while True:
