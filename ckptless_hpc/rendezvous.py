@@ -40,7 +40,8 @@ class StoreServer:
         self._sock = socket.create_server((host, 0), backlog=1024)
         self.host, self.port = host, self._sock.getsockname()[1]
         self._on_reject = on_reject
-        self._listener = Listener(self._sock, secret, self._serve, f"rendezvous store {host}:{self.port}", MAX_HANDSHAKES, MAX_CLIENTS, HANDSHAKE_TIMEOUT_S, self._reject).start()
+        self._listener = Listener(self._sock, secret, self._serve, f"rendezvous store {host}:{self.port}", MAX_HANDSHAKES, MAX_CLIENTS, HANDSHAKE_TIMEOUT_S, self._reject)
+        self._listener.start()  # once assigned: a handler may use it at once
 
     @property
     def rejected(self) -> int:

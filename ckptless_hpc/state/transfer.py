@@ -228,7 +228,8 @@ class StateServer:
         self._sock = socket.create_server((bind_host, 0), backlog=64)
         self.host = bind_host
         self.port = self._sock.getsockname()[1]
-        self._listener = Listener(self._sock, secret, self._serve, f"{describe}state server {bind_host}:{self.port}", MAX_HANDSHAKES, MAX_CONNECTIONS, HANDSHAKE_TIMEOUT_S, self._rejected).start()
+        self._listener = Listener(self._sock, secret, self._serve, f"{describe}state server {bind_host}:{self.port}", MAX_HANDSHAKES, MAX_CONNECTIONS, HANDSHAKE_TIMEOUT_S, self._rejected)
+        self._listener.start()  # once assigned: a handler may use it at once
 
     @property
     def refused(self) -> int:
