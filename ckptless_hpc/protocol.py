@@ -104,11 +104,14 @@ def _check_len(n: int, max_len: int = MAX_FRAME) -> int:
 # ---------------------------------------------------------------------------- blocking side
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
+def recv_exact(sock: socket.socket, n: int, deadline: Optional[float] = None) -> bytes:
+    """``n`` bytes; with a ``deadline`` (time.monotonic()), all of them by then (TimeoutError)."""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
+        if deadline is not None:
+            sock.settimeout(_left(deadline, got, n))
         k = sock.recv_into(view[got:])
         if k == 0:
             raise ConnectionError(f"connection closed after {got} of {n} bytes")
@@ -116,20 +119,39 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_msg(sock: socket.socket, max_len: int = MAX_FRAME) -> Dict[str, Any]:
-    (n,) = _HDR.unpack(recv_exact(sock, 4))
-    return decode(recv_exact(sock, _check_len(n, max_len)))
+def _left(deadline: float, got: int, n: int) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(f"deadline passed after {got} of {n} bytes")
+    return left
 
 
-def send_msg(sock: socket.socket, msg: Dict[str, Any]) -> None:
+def recv_msg(sock: socket.socket, max_len: int = MAX_FRAME, deadline: Optional[float] = None) -> Dict[str, Any]:
+    (n,) = _HDR.unpack(recv_exact(sock, 4, deadline))
+    return decode(recv_exact(sock, _check_len(n, max_len), deadline))
+
+
+def send_msg(sock: socket.socket, msg: Dict[str, Any], deadline: Optional[float] = None) -> None:
+    if deadline is not None:
+        sock.settimeout(_left(deadline, 0, 0))
     sock.sendall(encode(msg))
 
 
-def client_handshake(sock: socket.socket, secret: str) -> None:
-    """Prove we know the secret, and make the server prove it too (mutual: no rogue listener)."""
+def _deadline(timeout_s: Optional[float]) -> Optional[float]:
+    return None if timeout_s is None else time.monotonic() + timeout_s
+
+
+def _late(timeout_s: Optional[float]) -> ProtocolError:
+    return ProtocolError(f"handshake not finished within {timeout_s:g}s (a bound on the whole handshake, not on each read)")
+
+
+def client_handshake(sock: socket.socket, secret: str, timeout_s: Optional[float] = None) -> None:
+    """Prove we know the secret, and make the server prove it too (mutual: no rogue listener);
+    all of it within ``timeout_s`` when given (TimeoutError after it: the caller may retry)."""
     mine = secrets.token_hex(16)
-    send_msg(sock, _answer_challenge(recv_msg(sock), secret, mine))
-    _check_welcome(recv_msg(sock), secret, mine)
+    deadline = _deadline(timeout_s)
+    send_msg(sock, _answer_challenge(recv_msg(sock, deadline=deadline), secret, mine), deadline)
+    _check_welcome(recv_msg(sock, deadline=deadline), secret, mine)
 
 
 def _answer_challenge(challenge: Dict[str, Any], secret: str, mine: str) -> Dict[str, Any]:
@@ -152,10 +174,17 @@ def _check_answer(answer: Dict[str, Any], secret: str, nonce: str) -> Dict[str, 
     return {"type": "welcome", "mac": mac(secret, theirs, "server")}
 
 
-def server_handshake(sock: socket.socket, secret: str) -> None:
+def server_handshake(sock: socket.socket, secret: str, timeout_s: Optional[float] = None) -> None:
+    """Challenge, check the answer, prove we know the secret too; with ``timeout_s``, all of it
+    within that bound (ProtocolError after it: a peer dripping a byte at a time gets no more
+    time than a silent one)."""
     nonce = secrets.token_hex(16)
-    send_msg(sock, {"type": "challenge", "nonce": nonce})
-    send_msg(sock, _check_answer(recv_msg(sock, max_len=AUTH_FRAME), secret, nonce))
+    deadline = _deadline(timeout_s)
+    try:
+        send_msg(sock, {"type": "challenge", "nonce": nonce}, deadline)
+        send_msg(sock, _check_answer(recv_msg(sock, AUTH_FRAME, deadline), secret, nonce), deadline)
+    except TimeoutError:
+        raise _late(timeout_s) from None
 
 
 def connect(host: str, port: int, secret: str, timeout_s: float = 10.0) -> socket.socket:
@@ -164,7 +193,7 @@ def connect(host: str, port: int, secret: str, timeout_s: float = 10.0) -> socke
     sock = socket.create_connection((host, port), timeout=timeout_s)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        client_handshake(sock, secret)
+        client_handshake(sock, secret, timeout_s)
     except BaseException:
         sock.close()
         raise
@@ -222,10 +251,18 @@ async def arecv_msg(reader: asyncio.StreamReader, max_len: int = MAX_FRAME) -> D
 
 
 async def aserver_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str, timeout_s: float) -> None:
+    """``server_handshake`` on a stream: all of it within ``timeout_s`` (ProtocolError after)."""
+    try:
+        await asyncio.wait_for(_aserver_handshake(reader, writer, secret), timeout_s)
+    except asyncio.TimeoutError:
+        raise _late(timeout_s) from None
+
+
+async def _aserver_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str) -> None:
     nonce = secrets.token_hex(16)
     writer.write(encode({"type": "challenge", "nonce": nonce}))
     await writer.drain()
-    answer = await asyncio.wait_for(arecv_msg(reader, max_len=AUTH_FRAME), timeout_s)
+    answer = await arecv_msg(reader, max_len=AUTH_FRAME)
     writer.write(encode(_check_answer(answer, secret, nonce)))
     await writer.drain()
 
@@ -352,21 +389,3 @@ class FrameProtocol(asyncio.Protocol):
             self._transport.close()
         self._on_closed(why)
 
-
-def serve_threads(sock: socket.socket, slots: Any, handle: Callable[[socket.socket, Any], None], on_full: Optional[Callable[[Any], None]] = None) -> None:
-    """Accept on ``sock`` until it closes; each connection is handled in a thread of its own
-    while one of ``slots`` (a BoundedSemaphore the handler releases) is free, else closed at
-    once (``on_full`` is told its address)."""
-    import threading
-
-    while True:
-        try:
-            conn, addr = sock.accept()
-        except OSError:
-            return
-        if not slots.acquire(blocking=False):
-            if on_full is not None:
-                on_full(addr)
-            conn.close()
-            continue
-        threading.Thread(target=handle, args=(conn, addr), daemon=True).start()

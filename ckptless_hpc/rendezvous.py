@@ -22,10 +22,12 @@ from typing import Any, Dict, List, Optional
 import torch.distributed as dist
 
 from . import protocol
+from .listener import Listener
 
 log = logging.getLogger(__name__)
-MAX_CLIENTS = 4096
-HANDSHAKE_TIMEOUT_S = 10.0
+MAX_CLIENTS = 4096  # authenticated clients served at once
+MAX_HANDSHAKES = 256  # connections in their handshake at once (listener.py: the oldest gives way)
+HANDSHAKE_TIMEOUT_S = 10.0  # for the whole handshake
 
 
 class StoreServer:
@@ -37,33 +39,28 @@ class StoreServer:
         self._cv = threading.Condition()
         self._sock = socket.create_server((host, 0), backlog=1024)
         self.host, self.port = host, self._sock.getsockname()[1]
-        self.rejected = 0
         self._on_reject = on_reject
-        self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
-        threading.Thread(target=protocol.serve_threads, args=(self._sock, self._slots, self._serve), name="store-server", daemon=True).start()
+        self._listener = Listener(self._sock, secret, self._serve, f"rendezvous store {host}:{self.port}", MAX_HANDSHAKES, MAX_CLIENTS, HANDSHAKE_TIMEOUT_S, self._reject)
+        self._listener.start()  # once assigned: a handler may use it at once
+
+    @property
+    def rejected(self) -> int:
+        """Connections refused: failed or unfinished handshakes, no slot free, bad requests."""
+        return self._listener.rejected
 
     def _serve(self, conn: socket.socket, addr: Any) -> None:
-        authenticated = False
+        """An authenticated client's requests, until it goes away (a retired generation's client)."""
         try:
-            conn.settimeout(HANDSHAKE_TIMEOUT_S)
-            protocol.server_handshake(conn, self._secret)
-            authenticated = True
             conn.settimeout(None)
             while True:
                 req = protocol.recv_msg(conn)
                 protocol.send_msg(conn, {"type": "store", **self._answer(req)})
         except (protocol.ProtocolError, KeyError, TypeError, ValueError) as e:
-            self._reject(addr, str(e))
-        except (ConnectionError, OSError) as e:
-            if not authenticated:  # gone before proving anything: counted as a rejection
-                self._reject(addr, f"connection closed before authentication ({type(e).__name__})")
-            # else: a client that went away (a retired generation's store client)
-        finally:
-            conn.close()
-            self._slots.release()
+            self._listener.reject(addr, str(e))
+        except (ConnectionError, OSError):
+            pass
 
     def _reject(self, addr: Any, why: str) -> None:
-        self.rejected += 1
         log.warning("store request from %s rejected: %s", addr, why)
         if self._on_reject is not None:
             self._on_reject(addr, why)
@@ -102,7 +99,7 @@ class StoreServer:
         raise ValueError(f"unknown store operation {op!r}")
 
     def close(self) -> None:
-        self._sock.close()
+        self._listener.close()
 
 
 def _b(value: Any) -> bytes:
@@ -118,9 +115,10 @@ class AuthStore(dist.Store):
         super().__init__()
         self._timeout_s = timeout_s
         self._lock = threading.Lock()
-        self._sock = protocol.connect(host, port, secret, timeout_s=timeout_s)
-        self._sock.settimeout(None)
         self._addr = f"{host}:{port}"
+        self._sock: Optional[socket.socket] = None
+        # paced: a connection refused by a store busy with strangers' handshakes is tried again
+        self._sock = protocol.connect_paced(host, port, secret, timeout_s=timeout_s, first_wait_s=min(10.0, timeout_s))
 
     def _call(self, **req: Any) -> Any:
         with self._lock:
@@ -158,10 +156,9 @@ class AuthStore(dist.Store):
         return base64.b64decode(v)
 
     def close(self) -> None:
-        try:
-            self._sock.close()
-        except OSError:
-            pass
+        sock = getattr(self, "_sock", None)  # absent when __init__ failed before it (dist.Store's own init)
+        if sock is not None:
+            sock.close()
 
     def __del__(self) -> None:
         self.close()

@@ -56,6 +56,7 @@ class Held:
     pid: Optional[int] = None
     reason: Optional[str] = None
     inventory: Optional[Dict[str, Any]] = None  # sharded: shard id -> steps it can serve
+    blame: Optional[List[str]] = None  # start failed: the state sources that could not serve it
 
 
 @dataclass(frozen=True)

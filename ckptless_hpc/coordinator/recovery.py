@@ -8,7 +8,10 @@ events, losses, launcher calls). No sockets, processes or clocks here: ``Coordin
 A recovery may take several generations: a failure during it, a survivor that does not hold in
 time, a replacement that cannot start (start failures re-plan at once, a worker failing
 ``max_start_failures`` generations in a row is lost) each begin the next generation of the same
-recovery, with the failed ranks of all its generations in one ``metrics.Recovery`` record.
+recovery, with the failed ranks of all its generations in one ``metrics.Recovery`` record. A
+start that failed because the state sources could not serve it (unreachable, refusing, sending
+damaged bytes: the worker names them) counts against those sources, not against the fetcher: a
+source failing that often is the one lost.
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ class _Tally:
     held: Dict[str, Held] = field(default_factory=dict)
     ready: Set[str] = field(default_factory=set)
     joining: Set[str] = field(default_factory=set)  # holds its state, forming the group
-    start_failed: Dict[str, str] = field(default_factory=dict)  # could not start it (e.g. no good copy fetched): why
+    start_failed: Dict[str, Tuple[str, Tuple[str, ...]]] = field(default_factory=dict)  # could not start it: (why, the sources it blames)
     fetched: List[Fetched] = field(default_factory=list)
 
 
@@ -157,9 +160,10 @@ class RecoveryMachine:
         elif isinstance(msg, Fetched) and msg.gen == self.gen:
             t.fetched.append(msg)
 
-    def on_start_failed(self, worker: str, gen: Optional[int], why: str) -> None:
+    def on_start_failed(self, worker: str, gen: Optional[int], why: str, blame: Sequence[str] = ()) -> None:
+        """``worker`` could not start generation ``gen``; ``blame``: the state sources that could not serve it."""
         if gen == self.gen:
-            self._tally.start_failed[worker] = why
+            self._tally.start_failed[worker] = (why, tuple(str(w) for w in blame))
 
     def satisfied(self) -> bool:
         """What the current phase waits for has arrived (cheap: the shell asks after every wake-up)."""
@@ -262,15 +266,24 @@ class RecoveryMachine:
         self._limit = limit
         return [Assign(ranks, plan.target_step, plan.sources), ReleaseCommands()]
 
+    def _blame(self, start_failed: Mapping[str, Tuple[str, Tuple[str, ...]]]) -> List[Action]:
+        """Each start failure counts against who caused it: the sources the worker names when
+        they could not serve it (it reached the coordinator, so its own network works), else the
+        worker; whoever reaches ``max_start_failures`` generations of this recovery is lost."""
+        k = self.opts.max_start_failures
+        lost: Dict[str, str] = {}
+        for w, (why, blame) in start_failed.items():
+            sources = [s for s in blame if s in self.members.workers and s != w]
+            for culprit in sources or [w]:
+                n = self._start_failures[culprit] = self._start_failures.get(culprit, 0) + 1
+                if n >= k and culprit not in lost:
+                    lost[culprit] = f"could not serve its state to {w} in {k} generations: {why}" if sources else f"could not start {k} generations in a row: {why}"
+        return [Lose(w, why) for w, why in lost.items()]
+
     def _after_form(self, now: float) -> List[Action]:
         t = self._tally
         if t.start_failed:  # plan again at once (other sources, the next copy)
-            out: List[Action] = []
-            for w, why in t.start_failed.items():
-                n = self._start_failures[w] = self._start_failures.get(w, 0) + 1
-                if n >= self.opts.max_start_failures:
-                    out.append(Lose(w, f"could not start {self.opts.max_start_failures} generations in a row: {why}"))
-            return self._again_after(out)
+            return self._again_after(self._blame(t.start_failed))
         if not self._waiting():  # timed out: blame only who never got as far as forming the group; if all did, form again
             why = f"did not join generation {self.gen} within {self._limit:.0f}s"
             return self._again_after([Lose(w, why) for w in self.members.ranks.values() if w not in t.joining])

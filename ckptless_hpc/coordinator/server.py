@@ -203,7 +203,7 @@ class Coordinator(Channel, Ending):
                 self.recovery.on_message(rec.wid, m)
         elif str(m.reason).startswith("start failed") and m.gen == self.gen and not self.stopping:
             if self.recovery is not None:
-                self.recovery.on_start_failed(rec.wid, m.gen, str(m.reason))
+                self.recovery.on_start_failed(rec.wid, m.gen, str(m.reason), m.blame or ())
             self._emit("start_failed", rec, step=m.step, reason=m.reason)
             self._notify()
         elif not self.stopping and rec.role == "active" and m.gen == self.gen:
@@ -442,7 +442,9 @@ class Coordinator(Channel, Ending):
         c = self.cfg.cluster
         starters = [w for w in self.workers.values() if w.role == "active"]
         built = Arrivals([w.wid for w in starters], lambda wid: self.workers[wid].built)
-        ok = await self._until(lambda: self.fatal is not None or built(), c.startup_timeout_s)
+        ok = await self._until(lambda: self.fatal is not None or self.cancel_requested is not None or built(), c.startup_timeout_s)
+        if self.cancel_requested:
+            return self._finish(EXIT_CANCELLED, "cancelled", self.cancel_requested)
         if self.fatal or not ok:
             missing = built.missing()
             named = f"{missing}" if len(missing) <= 20 else f"{missing[:20]} and {len(missing) - 20} more"
@@ -510,6 +512,8 @@ class Coordinator(Channel, Ending):
         try:
             timed_out = False
             while True:
+                if self.cancel_requested:  # a cancel never waits for the recovery (it may be stuck on a peer that never answers)
+                    return self._finish(EXIT_CANCELLED, "cancelled", self.cancel_requested)
                 failures, self.pending = self.pending, {}
                 now = self.clock()
                 for a in m.advance(max(now, m.deadline or now) if timed_out else now, failures):
@@ -523,7 +527,7 @@ class Coordinator(Channel, Ending):
                     timed_out = False
                     continue
                 left = None if m.deadline is None else max(0.0, m.deadline - self.clock())
-                timed_out = not await self._until(lambda: bool(self.pending) or m.satisfied(), left)
+                timed_out = not await self._until(lambda: bool(self.pending or self.cancel_requested) or m.satisfied(), left)
         finally:
             self.recovery = None
             self.launcher.release_commands()  # whatever the outcome: the queued scheduler commands run

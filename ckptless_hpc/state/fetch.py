@@ -7,20 +7,25 @@ replica), and group ``i`` is fetched from source ``i``, all at once: on a cluste
 sends over its own node's link, so their rates add up until the receiver's link is full. Each
 group is checked on its own (xxh3-64 of its bytes, the step it holds, the metadata equal to the
 other groups'); a group that fails (damaged, truncated, refused, its source gone mid-way) is
-fetched again from the next source (:func:`source_for`), up to ``rounds`` times over the sources.
-What comes back is the part's entries in canonical order, as if fetched from one source.
+fetched again from the next source (:func:`source_for`), after a short jittered pause (a source
+refusing because it is busy may have a slot free by then), up to ``rounds`` times over the
+sources. When a group fails every attempt, the error names the sources that failed it
+(``TransferError.sources``): the coordinator blames them, not the fetcher. What comes back is the part's entries in canonical order, as if fetched from one source.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from ..protocol import backoff_s
 from .transfer import Arena, Received, TransferError, Want, fetch_part
 
 ROUNDS = 3  # attempts of a group = ROUNDS x the number of sources
+RETRY_BASE_S, RETRY_CAP_S = 0.05, 1.0  # the pause before a group's next attempt (full jitter, doubling)
 
 
 @dataclass(frozen=True)
@@ -68,12 +73,16 @@ def fetch(sources: Sequence[Source], secret: str, want: Want, timeout_s: float, 
     results: List[Optional[Received]] = [None] * of
     senders: List[str] = [""] * of
     errors: List[str] = []
+    failed_by: Dict[str, None] = {}  # sources of the failed attempts, in order
     attempts = [0]
     lock = threading.Lock()
 
     def one(group: int) -> None:
         part = replace(want, index=group, of=of)
+        rng = random.Random()
         for attempt in range(rounds * len(sources)):
+            if attempt:
+                time.sleep(backoff_s(attempt - 1, rng, RETRY_BASE_S, RETRY_CAP_S))
             src = sources[source_for(group, attempt, len(sources))]
             if before_attempt is not None:
                 before_attempt()
@@ -86,6 +95,7 @@ def fetch(sources: Sequence[Source], secret: str, want: Want, timeout_s: float, 
             except TransferError as e:
                 with lock:
                     errors.append(f"{part.describe()} from {src.worker}: {e}")
+                    failed_by[src.worker] = None
                 if on_error is not None:
                     on_error(src, part, e)
 
@@ -97,7 +107,7 @@ def fetch(sources: Sequence[Source], secret: str, want: Want, timeout_s: float, 
         t.join()
     missing = [g for g, r in enumerate(results) if r is None]
     if missing:
-        raise TransferError(f"{want.describe()} of step {want.step}: group(s) {missing} of {of} failed every attempt: " + "; ".join(errors))
+        raise TransferError(f"{want.describe()} of step {want.step}: group(s) {missing} of {of} failed every attempt: " + "; ".join(errors), tuple(failed_by))
     got = [r for r in results if r is not None]
     for g, r in enumerate(got[1:], start=1):
         if r.meta != got[0].meta:  # replicas of one step hold the same metadata; anything else is a divergence

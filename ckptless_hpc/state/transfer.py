@@ -30,14 +30,16 @@ import torch
 import xxhash
 
 from .. import protocol
+from ..listener import Listener
 from .snapshot import Entries, byte_view
 from .staging import host_slices
 
 log = logging.getLogger(__name__)
 
 MAX_HEADER = 64 << 20
-MAX_CONNECTIONS = 32  # concurrent state requests served; more are refused at once
-HANDSHAKE_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = 32  # concurrent authenticated state requests served; more are refused at once
+MAX_HANDSHAKES = 32  # connections in their handshake at once (listener.py: the oldest gives way)
+HANDSHAKE_TIMEOUT_S = 10.0  # for the whole handshake; then the same again for the request
 _DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
 
 
@@ -72,7 +74,12 @@ class StaleState(Exception):
 
 
 class TransferError(Exception):
-    """A transfer failed: refused, truncated, or checksum mismatch."""
+    """A transfer failed: refused, truncated, or checksum mismatch. ``sources``: the peers whose
+    attempts failed (a fetch's: the coordinator blames them, not the fetcher)."""
+
+    def __init__(self, message: str, sources: Tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.sources = sources
 
 
 PARTS = ("all", "first", "rest")
@@ -221,25 +228,21 @@ class StateServer:
         self._sock = socket.create_server((bind_host, 0), backlog=64)
         self.host = bind_host
         self.port = self._sock.getsockname()[1]
-        self.refused = 0
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        threading.Thread(target=protocol.serve_threads, args=(self._sock, self._slots, self._serve, self._full), name="state-server", daemon=True).start()
+        self._listener = Listener(self._sock, secret, self._serve, f"{describe}state server {bind_host}:{self.port}", MAX_HANDSHAKES, MAX_CONNECTIONS, HANDSHAKE_TIMEOUT_S, self._rejected)
+        self._listener.start()  # once assigned: a handler may use it at once
 
-    def _full(self, addr: Any) -> None:
-        self.refused += 1
-        log.warning("%sstate request from %s rejected: %d connections already open", self._describe, addr, MAX_CONNECTIONS)
+    @property
+    def refused(self) -> int:
+        """Requests refused: failed or unfinished handshakes, no slot free, bad or stale requests."""
+        return self._listener.rejected
+
+    def _rejected(self, addr: Any, why: Any) -> None:
+        log.warning("%sstate request from %s rejected: %s", self._describe, addr, why)
 
     def _serve(self, conn: socket.socket, addr: Any) -> None:
         try:
-            self._serve_one(conn, addr)
-        finally:
-            self._slots.release()
-
-    def _serve_one(self, conn: socket.socket, addr: Any) -> None:
-        try:
             conn.settimeout(HANDSHAKE_TIMEOUT_S)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            protocol.server_handshake(conn, self._secret)
             req = protocol.recv_msg(conn)
             if req.get("type") == "replica" and self._receiver is not None:
                 return self._take_replica(conn, req)
@@ -258,10 +261,7 @@ class StateServer:
             target = next((i for i, (n, _) in enumerate(entries) if n.startswith("optim.")), 0) if strikes == "optimizer" else 0
             _send_entries(conn, entries, meta, kind, target)
         except (protocol.ProtocolError, ConnectionError, OSError, ValueError, KeyError, TypeError, TransferError) as e:
-            self.refused += 1
-            log.warning("%sstate request from %s rejected: %s", self._describe, addr, e)
-        finally:
-            conn.close()
+            self._listener.reject(addr, e)
 
     def _take_replica(self, conn: socket.socket, req: Dict[str, Any]) -> None:
         """A peer pushes a copy of its shard (parallel=zero|fsdp): received, verified, kept, acked."""
@@ -273,7 +273,7 @@ class StateServer:
         protocol.send_msg(conn, {"type": "ack", "step": int(req["step"])})
 
     def close(self) -> None:
-        self._sock.close()
+        self._listener.close()
 
 
 class Arena:

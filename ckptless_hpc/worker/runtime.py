@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
@@ -277,8 +277,10 @@ class Worker(Interruptible, PeerState, StorageCopy):
         step): such a process is never a source, nor saved."""
         return self.step if self.holds_job_state and self.behind is None else None
 
-    def _send_held(self, abort_gen: Optional[int], reason: str) -> None:
+    def _send_held(self, abort_gen: Optional[int], reason: str, blame: Sequence[str] = ()) -> None:
         msg = {"type": "held", "gen": self.gen, "abort_gen": abort_gen, "step": self.held_step(), "pid": os.getpid(), "reason": reason}
+        if blame:  # start failed: the state sources that could not serve it (the coordinator blames them)
+            msg["blame"] = list(blame)
         if self.shards is not None:  # what it can serve: shard -> steps (live, snapshots, copies held for peers)
             msg["inventory"] = {str(k): v for k, v in self.shards.inventory(self.held_step()).items()}
         self.client.send(msg)
@@ -319,7 +321,7 @@ class Worker(Interruptible, PeerState, StorageCopy):
             return
         except (CollectiveError, TransferError) as e:
             log.error("generation %d could not start: %s", gen, e)
-            self._send_held(None, reason=f"start failed: {e}")
+            self._send_held(None, reason=f"start failed: {e}", blame=getattr(e, "sources", ()))
             return
         self.ready_rank = self.rank
         self.client.send({"type": "ready", "gen": gen, "rank": self.rank, "pid": os.getpid(), "form_s": time.monotonic() - t0})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -82,6 +83,7 @@ class LiveJob:
     run_dir: Path
     overrides: Tuple[str, ...]
     proc: Any = None
+    nofile: Optional[int] = None  # RLIMIT_NOFILE (soft and hard) of the coordinator and so of its workers
     snapshot: Dict[str, ProcInfo] = field(default_factory=dict)  # "coordinator" / worker id -> info
     rc: Optional[int] = None
 
@@ -90,7 +92,8 @@ class LiveJob:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "ckptless_hpc", f"hydra.run.dir={self.run_dir}", *self.overrides]
         self._out = open(self.run_dir.parent / f"{self.run_dir.name}.out", "wb")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        limit = None if self.nofile is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=limit)
 
     def output(self) -> str:
         if not self._out.closed:
@@ -115,6 +118,32 @@ class LiveJob:
             except (ProcessLookupError, PermissionError):
                 pass
         self.proc.wait(timeout=30)
+
+    def summary(self) -> Dict[str, Any]:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def log(self, name: str = "coordinator") -> str:
+        """A log of the run dir: ``coordinator`` or a worker id."""
+        path = self.run_dir / ("coordinator.log" if name == "coordinator" else f"logs/{name}.log")
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def ranks(self) -> Dict[int, str]:
+        """rank -> worker of the first generation."""
+        return {int(r): w for r, w in self.of("generation_started")[0]["ranks"].items()}
+
+    def finished(self, timeout_s: float = 600) -> Dict[str, Any]:
+        """The job_finished event (the job may take the time of a recovery or two to get there)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            running = self.running()
+            done = self.of("job_finished")
+            if done:
+                return done[0]
+            if not running:
+                raise AssertionError(f"job exited (rc {self.proc.returncode}) without a job_finished event:\n{self.output()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the job did not finish within {timeout_s}s:\n{self.output()}")
+            time.sleep(0.1)
 
     # ----------------------------------------------------------------- events
     def events(self) -> List[Dict[str, Any]]:
@@ -206,5 +235,23 @@ def live_job(tmp_path_factory):
         job.take_snapshot()
         yield job
     finally:
+        if job.running():
+            job.kill()
+
+
+@pytest.fixture
+def start_job(tmp_path):
+    """Start a job of its own (``OVERRIDES`` plus ``extra``), wait until it trains; killed at teardown."""
+    started: List[LiveJob] = []
+
+    def start(*extra: str, nofile: Optional[int] = None) -> LiveJob:
+        job = LiveJob(tmp_path / f"run{len(started)}", OVERRIDES + extra, nofile=nofile)
+        started.append(job)
+        job.start()
+        job.wait_training()
+        return job
+
+    yield start
+    for job in started:
         if job.running():
             job.kill()

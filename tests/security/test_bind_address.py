@@ -1,8 +1,8 @@
 """Services bind to ``cluster.bind_host`` (default 127.0.0.1), never to all interfaces.
 
 Checked from outside, on the live job's processes: every listening TCP socket a process holds,
-from /proc/<pid>/fd and /proc/net/tcp{,6} (what ``ss -ltnp`` shows). The torch.distributed
-TCPStore (rendezvous) is not ours: it listens on all interfaces, and docs/security.md says so.
+from /proc/<pid>/fd and /proc/net/tcp{,6} (what ``ss -ltnp`` shows). The rendezvous store is
+the coordinator's own (``rendezvous.StoreServer``, not torch's TCPStore) and binds like the rest.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ formation barrier on a real authenticated store."""
 
 from __future__ import annotations
 
+import socket
 import threading
 
 import pytest
@@ -123,11 +124,21 @@ def test_every_attempt_failing_is_an_error_naming_them():
             fetch([a.src, b.src], SECRET, Want(1, 2, None, "rest"), 10, rounds=2)
         assert "refused" in str(e.value) and "checksum mismatch" in str(e.value)
         assert len(a.asked) + len(b.asked) == 2 * 2 * 2  # two groups, two rounds over two sources
+        assert set(e.value.sources) == {a.src.worker, b.src.worker}  # whom the coordinator blames, not the fetcher
         with pytest.raises(TransferError, match="named no source"):
             fetch([], SECRET, Want(1, 2), 10)
     finally:
         a.server.close()
         b.server.close()
+
+
+def test_a_source_nobody_can_reach_is_named_as_the_one_that_failed():
+    probe = socket.create_server(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()  # nothing listens there
+    with pytest.raises(TransferError, match="cannot reach state source") as e:
+        fetch([Source("gone.0", "127.0.0.1", port)], SECRET, Want(1, 2), 10, rounds=2)
+    assert e.value.sources == ("gone.0",)
 
 
 def test_sources_disagreeing_on_the_metadata_are_refused():

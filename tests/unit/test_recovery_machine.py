@@ -158,6 +158,31 @@ def test_a_replacement_that_cannot_start_is_replanned_at_once_and_lost_the_third
     assert next(a for a in job.advance(T0 + 5) if isinstance(a, Assign)).ranks[1] == "s1.0"
 
 
+def test_a_start_that_failed_on_its_sources_counts_against_the_sources_not_the_replacement():
+    """The spare reports that its fetch failed at the source it names (unreachable, refused):
+    three such generations lose the source, never the spare (which reached the coordinator to
+    say so), and the spare keeps its rank."""
+    job = Job(nodes=3, wpn=1, spare_nodes=2)
+    job.fail("n2.0", T0)
+    job.advance(T0)
+    for attempt in range(1, 4):
+        job.hold_all(step=lambda w: None if w == "s0.0" else 5)
+        acts = job.advance(T0 + attempt)
+        (assign,) = [a for a in acts if isinstance(a, Assign)]
+        assert assign.ranks[2] == "s0.0" and assign.sources["s0.0"][0] == "n0.0"
+        job.machine.on_start_failed("s0.0", job.machine.gen, "start failed: cannot reach state source", blame=["n0.0", "nobody.0"])
+        acts = job.advance(T0 + attempt)
+        if attempt < 3:
+            assert acts == [] and kinds(job.advance(T0 + attempt)) == ["NewGeneration", "Emit", "Abort"]
+        else:
+            assert acts == [Lose("n0.0", "could not serve its state to s0.0 in 3 generations: start failed: cannot reach state source")]
+    acts = job.advance(T0 + 4)
+    assert [a.node for a in acts if isinstance(a, Exclude)] == ["n0"]  # the source's node, not the spare's
+    job.hold_all(step=lambda w: None if w == "s0.0" else 5)
+    assign = next(a for a in job.advance(T0 + 5) if isinstance(a, Assign))
+    assert assign.ranks[2] == "s0.0" and assign.ranks[0] == "s1.0" and assign.sources["s0.0"] == ["n1.0"]
+
+
 def test_forming_out_of_time_blames_only_who_never_joined():
     job = Job(nodes=2, wpn=2, spare_nodes=1)
     job.fail("n1.0", T0)
