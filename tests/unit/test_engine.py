@@ -167,6 +167,46 @@ def test_an_abandoned_step_leaves_the_committed_state():
     assert _sha(e, 3) == before  # the forward had moved the running statistics: put back
 
 
+def test_a_source_serves_its_optimizer_state_before_its_update_never_during_it():
+    """The real engine behind the real StateServer and fetch, as a worker serves the optimizer
+    state behind a step (worker/peer_state.py): asked for step 5's while it trains step 5, it
+    serves step 5's moments up to its update, and refuses from inside the update (where the
+    tensors already hold step 6's moments, still labelled step 5 until the step returns)."""
+    from ckptless_hpc.state.fetch import Source, fetch
+    from ckptless_hpc.state.transfer import StateServer, TransferError, Want, select
+    from ckptless_hpc.worker.peer_state import PeerState
+
+    e = _engine(MLPTask())
+    _run(e, 0, 5)
+    entries, meta = e.collect(5)
+    want = state_sha256(select([(k, t.clone()) for k, t in entries], "rest"), meta)
+    class Serving(PeerState):
+        def _due(self, at, step):  # no fault injected here
+            return None
+
+    w = Serving()  # the worker's serving side, over the real engine: training step 5 of generation 3
+    w.engine, w.shards, w.behind, w.gen, w.step, w.training, w.rank, w.node = e, None, None, 3, 5, True, None, "local0.0"
+    secret = "s" * 32
+    server = StateServer("127.0.0.1", secret, w._provide)
+    got = {}
+
+    def ask(when):
+        try:
+            r = fetch([Source("local0.0", "127.0.0.1", server.port)], secret, Want(3, 5, None, "rest"), 10, parallel=1, rounds=1)
+            got[when] = state_sha256(r.received.entries, r.received.meta)
+        except TransferError as err:
+            got[when] = err
+
+    e.optimizer.register_step_post_hook(lambda *_: ask("update"))  # the update has moved the moments; the step has not returned
+    try:
+        e.step(5, lambda: ask("backward"), _wait)
+    finally:
+        server.close()
+    assert got["backward"] == want, got  # before the update: step 5's optimizer state
+    assert isinstance(got["update"], TransferError) and "refused" in str(got["update"]), got  # never a torn or later state as step 5's
+    assert e.state_step == 6
+
+
 def test_nonfinite_step_stop_keeps_the_state_skip_drops_it():
     stop = _engine(T.NanAtStepMLP(nan_steps=[2]))
     _run(stop, 0, 2)
