@@ -9,7 +9,7 @@ The job runs with glibc's mmap threshold fixed (``MALLOC_MMAP_THRESHOLD_``): by 
 after the first large free, and large blocks freed during each recovery can then stay
 in the heap as fragments: RSS grew 1.1 to 2.5 MB per recovery in four runs of this job at
 N=6. Fixed, a large block goes back to the system when freed and RSS follows what the process
-keeps alive: -0.05 to 0.21 MB per recovery in three runs (2026-12-01, a shared 2-core machine at
+keeps alive: -0.05 to 0.21 MB per recovery in four runs (2026-12-01, a shared 2-core machine at
 load 15-45), and a leak of 1 MB per recovery injected on purpose is over the bound at CI's 6.
 """
 
