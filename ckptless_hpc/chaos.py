@@ -132,16 +132,24 @@ def _run(run_dir: str, overrides: List[str], timeout_s: float) -> Tuple[int, Opt
         return rc, None
 
 
+def run_verdict(planned: int, rc: int, summary: Optional[Dict[str, Any]], want: str) -> Tuple[str, bool, int]:
+    """One run's verdict (pure): ``("ok" | "FAIL" | "UNFIRED", oracle held, faults fired)``. The
+    oracle: exit 0 and the final sha256 equal to the fault-free run's. Fired: the planned faults
+    (indices ``0..planned-1``) the run's summary lists in ``faults_fired``, as the coordinator
+    recorded them from the workers' reports, never the plan itself."""
+    oracle = rc == 0 and summary is not None and summary.get("final_state_sha256") == want
+    fired = len(set((summary or {}).get("faults_fired") or ()) & set(range(planned)))
+    return ("ok" if fired == planned else "UNFIRED") if oracle else "FAIL", oracle, fired
+
+
 def _one(i: int, attempt: int, base: List[str], out: str, opts: Dict[str, Any], rng: random.Random, want: str) -> Dict[str, Any]:
     """Run one drawn schedule; its verdict: the oracle held, and how many planned faults fired."""
     faults = random_schedule(rng, opts["steps"], opts["nodes"], opts["workers_per_node"], two_at_once=_survives_two(opts))
     t0 = time.monotonic()
     rc, s = _run(os.path.join(out, f"run{i:03d}" + (f"-redraw{attempt}" if attempt else "")), base + ["fault=none", schedule_override(faults)], opts["timeout_s"])
-    oracle = rc == 0 and s is not None and s["final_state_sha256"] == want
-    fired = len((s or {}).get("faults_fired", []))
+    verdict, oracle, fired = run_verdict(len(faults), rc, s, want)
     downs = [r["downtime_s"] for r in (s or {}).get("recoveries", [])]
     desc = "; ".join(f"{f['kind']}" + (f" r{f['rank']}" if "rank" in f else "") + (f" n{f['node']}" if "node" in f else "") + f" @{f['step']}" + (f"/{f['at']}" if "at" in f else "") for f in faults)
-    verdict = "ok" if oracle and fired == len(faults) else ("FAIL" if not oracle else "UNFIRED")
     print(f"{i:>4}{'r' if attempt else ' '} {verdict:<7} {rc:>4} {fired:>2}/{len(faults):<2}  {len(downs)} ({', '.join(f'{d:.2f}' for d in downs)})".ljust(54) + f" {desc}", flush=True)
     return {
         "run": i, "attempt": attempt, "ok": verdict == "ok", "oracle": oracle, "exit_code": rc, "faults": faults, "fired": fired, "planned": len(faults),

@@ -25,4 +25,7 @@ def test_small_soak_keeps_the_oracle(tmp_path, parallel, runs, seed):
     assert report["options"]["parallel"] == parallel
     assert len(report["runs"]) == runs and all(r["ok"] and r["oracle"] for r in report["runs"])
     assert all(r["fired"] == r["planned"] == len(r["faults"]) for r in report["runs"]), report["runs"]  # every planned fault fired
+    for r in report["runs"]:  # as each run's own event log says (the soak counts them from its summary)
+        events = map(json.loads, (tmp_path / (f"run{r['run']:03d}" + (f"-redraw{r['attempt']}" if r["attempt"] else "")) / "events.jsonl").read_text().splitlines())
+        assert {e["index"] for e in events if e["event"] == "fault_injected"} == set(range(r["planned"])), r
     assert f"{runs}/{runs} schedules kept the oracle with every planned fault fired" in p.stdout

@@ -28,12 +28,23 @@ def _relayed(res: JobResult, nodes: int) -> None:
     assert connected and all(e.get("relayed") for e in connected), connected
 
 
+def _only_the_failed_replaced(res: JobResult, failed: list) -> None:
+    """One recovery, a spare promoted for each failed rank and for nothing else: a survivor that
+    missed a message its relay shares among its workers (the abort, the rankless assign) would
+    time out, be declared failed and burn a spare while the job still passes."""
+    promoted = sorted(e["rank"] for e in res.of("spare_promoted"))
+    assert promoted == failed, (f"spares promoted for ranks {promoted}, failed {failed}", res.of("failure_detected"))
+    (rec,) = res.summary["recoveries"]
+    assert rec["failed_ranks"] == failed and len(rec["replacements"]) == len(failed) and rec["survivors_restarted"] == 0, rec
+
+
 def test_relayed_workers_train_and_recover_bitwise(job, baseline):
     """A killed worker behind its node's relay costs its rank only; a hung one is found by the
     age its relay reports. Both end equal to the per-rank run."""
     want = baseline(*MLP2)
     res = job(*MLP2, NODE, "fault=kill_worker", "fault.rank=1", "fault.step=20")
     assert res.rc == 0, res.out
+    _only_the_failed_replaced(res, [1])  # rank 3 shares its node's relay with rank 2: both get the one shared assign
     _relayed(res, 3)
     assert res.summary["final_state_sha256"] == want
     (rec,) = res.summary["recoveries"]
@@ -45,6 +56,7 @@ def test_relayed_workers_train_and_recover_bitwise(job, baseline):
 
     hung = job(*MLP2, *FAST_HB, NODE, "fault=hang", "fault.rank=2", "fault.step=20")
     assert hung.rc == 0, hung.out
+    _only_the_failed_replaced(hung, [2])  # ranks 0 and 1 share node local0's relay: one abort, one assign for both
     assert hung.summary["final_state_sha256"] == want
     (failed,) = hung.of("failure_detected")
     assert failed["worker"] == "local1.0" and failed["reason"].startswith("no heartbeat for"), failed

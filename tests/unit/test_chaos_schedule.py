@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ckptless_hpc.chaos import parse_args, random_schedule, schedule_override
+from ckptless_hpc.chaos import parse_args, random_schedule, run_verdict, schedule_override
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -32,3 +32,16 @@ def test_bad_arguments_name_the_key():
         parse_args(["runz=3"])
     with pytest.raises(ValueError, match="runs='x'"):
         parse_args(["runs=x"])
+
+
+def test_the_local_verdict_counts_the_faults_the_run_fired_not_the_plan():
+    """Fired is read from the run's summary (the coordinator's record of the workers' reports):
+    a schedule with a fault that never fired is UNFIRED (and re-drawn), not ok."""
+    good = {"final_state_sha256": "abc", "faults_fired": [0, 1, 2]}
+    assert run_verdict(3, 0, good, "abc") == ("ok", True, 3)
+    assert run_verdict(3, 0, {**good, "faults_fired": [0, 2]}, "abc") == ("UNFIRED", True, 2)
+    assert run_verdict(2, 0, {**good, "faults_fired": []}, "abc") == ("UNFIRED", True, 0)
+    assert run_verdict(2, 0, {**good, "faults_fired": [0, 5]}, "abc") == ("UNFIRED", True, 1)  # an index not in the plan is no planned fault
+    assert run_verdict(3, 0, {**good, "final_state_sha256": "abd"}, "abc") == ("FAIL", False, 3)  # the oracle broke
+    assert run_verdict(3, 1, good, "abc") == ("FAIL", False, 3)  # the job failed
+    assert run_verdict(3, -1, None, "abc") == ("FAIL", False, 0)  # no summary (a timeout): nothing is known to have fired

@@ -1,11 +1,16 @@
-"""The training engine in one process, over a real 1-rank gloo group: state given and taken
-mid-run continues bitwise (scheduler, grad scaler, buffers, counters carried), one reduction per
-step whatever the accumulation, an abandoned step leaves the committed state, non-finite steps,
-the data source (in-process and in a DataLoader, seeking) and the refusals."""
+"""The training engine in one process, over a real gloo group (1 rank, or 2 with the second a
+thread of the test): state given and taken mid-run continues bitwise (scheduler, grad scaler,
+buffers, counters carried), one reduction per step whatever the accumulation, an abandoned step
+leaves the committed state and its late collectives never reach the redone step, the optimizer
+state is served before the update only (through the real state server), non-finite steps, the
+data source (in-process and in a DataLoader, seeking) and the refusals."""
 
 from __future__ import annotations
 
+import queue
 import sys
+import threading
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -165,6 +170,129 @@ def test_an_abandoned_step_leaves_the_committed_state():
     with pytest.raises(RuntimeError, match="peer gone"):
         e.step(3, lambda: None, fail)
     assert _sha(e, 3) == before  # the forward had moved the running statistics: put back
+
+
+def test_a_source_serves_its_optimizer_state_before_its_update_never_during_it():
+    """The real engine behind the real StateServer and fetch, as a worker serves the optimizer
+    state behind a step (worker/peer_state.py): asked for step 5's while it trains step 5, it
+    serves step 5's moments up to its update, and refuses from inside the update (where the
+    tensors already hold step 6's moments, still labelled step 5 until the step returns)."""
+    from ckptless_hpc.state.fetch import Source, fetch
+    from ckptless_hpc.state.transfer import StateServer, TransferError, Want, select
+    from ckptless_hpc.worker.peer_state import PeerState
+
+    e = _engine(MLPTask())
+    _run(e, 0, 5)
+    entries, meta = e.collect(5)
+    want = state_sha256(select([(k, t.clone()) for k, t in entries], "rest"), meta)
+    class Serving(PeerState):
+        def _due(self, at, step):  # no fault injected here
+            return None
+
+    w = Serving()  # the worker's serving side, over the real engine: training step 5 of generation 3
+    w.engine, w.shards, w.behind, w.gen, w.step, w.training, w.rank, w.node = e, None, None, 3, 5, True, None, "local0.0"
+    secret = "s" * 32
+    server = StateServer("127.0.0.1", secret, w._provide)
+    got = {}
+
+    def ask(when):
+        try:
+            r = fetch([Source("local0.0", "127.0.0.1", server.port)], secret, Want(3, 5, None, "rest"), 10, parallel=1, rounds=1)
+            got[when] = state_sha256(r.received.entries, r.received.meta)
+        except TransferError as err:
+            got[when] = err
+
+    e.optimizer.register_step_post_hook(lambda *_: ask("update"))  # the update has moved the moments; the step has not returned
+    try:
+        e.step(5, lambda: ask("backward"), _wait)
+    finally:
+        server.close()
+    assert got["backward"] == want, got  # before the update: step 5's optimizer state
+    assert isinstance(got["update"], TransferError) and "refused" in str(got["update"]), got  # never a torn or later state as step 5's
+    assert e.state_step == 6
+
+
+def _gloo(store, rank: int, world: int = 2):
+    opts = dist.ProcessGroupGloo._Options()
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    opts._timeout = timedelta(seconds=60)
+    return dist.ProcessGroupGloo(store, rank, world, opts)
+
+
+class _Pair:
+    """Rank 0's communicator of a real 2-rank gloo group of one generation, whose rank 1 is a
+    thread of this test taking part in each collective rank 0 issues, in order, with tensors of
+    its own: zeros (the sum is rank 0's own) while it runs; ``late`` for the collectives it was
+    frozen in, once thawed (a peer SIGSTOPped inside the step, SIGCONTed after the survivors
+    re-formed without it)."""
+
+    def __init__(self, store, gen: int, late: float = 0.0) -> None:
+        prefixed = dist.PrefixStore(f"gen{gen}", store)
+        peer = {}
+        t = threading.Thread(target=lambda: peer.setdefault("pg", _gloo(prefixed, 1)), daemon=True)
+        t.start()
+        self.inner = Communicator(_gloo(prefixed, 0), gen, 0, 2)
+        t.join(30)
+        self.rank, self.world, self.late = 0, 2, late
+        self.running = threading.Event()
+        self.running.set()
+        self._ops: "queue.Queue" = queue.Queue()
+        threading.Thread(target=self._peer, args=(peer["pg"],), daemon=True).start()
+
+    def _peer(self, pg) -> None:
+        while True:
+            kind, like, frozen = self._ops.get()
+            self.running.wait()
+            mine = torch.full_like(like, self.late if frozen else 0)
+            if kind == "allreduce":
+                pg.allreduce([mine]).wait()
+            else:
+                opts = dist.BroadcastOptions()
+                opts.rootRank = 0
+                pg.broadcast([mine], opts).wait()
+
+    def allreduce(self, t):
+        self._ops.put(("allreduce", torch.empty_like(t), not self.running.is_set()))
+        return self.inner.allreduce(t)
+
+    def broadcast(self, t, root=0):
+        self._ops.put(("broadcast", torch.empty_like(t), not self.running.is_set()))
+        return self.inner.broadcast(t, root)
+
+
+def test_an_abandoned_steps_late_write_never_reaches_the_redone_step():
+    """Rank 1 freezes inside step 3 (its allreduces in flight on rank 0, unanswered); rank 0
+    abandons the step, re-forms generation 1 with a replacement and redoes step 3; the frozen
+    peer then resumes and answers generation 0's collectives, which write their sums (its
+    contribution: 1000s) into the gradient memory rank 0 launched them on, before the redone
+    step's update. The committed state must be the one of a run that never failed."""
+    ref = Engine(_cfg(bucket_mb=0.001), MLPTask(), torch.device("cpu"), world=2)
+    ref.bind(_Pair(dist.HashStore(), 0))
+    _run(ref, 0, 4)
+    store = dist.HashStore()
+    e = Engine(_cfg(bucket_mb=0.001), MLPTask(), torch.device("cpu"), world=2)
+    g0 = _Pair(store, 0, late=1000.0)
+    e.bind(g0)
+    _run(e, 0, 3)
+    abandoned = []
+
+    def freeze_then_abandon(futures):
+        abandoned.extend(futures)
+        raise RuntimeError("peer hung: step abandoned")
+
+    g0.running.clear()
+    with pytest.raises(RuntimeError, match="abandoned"):
+        e.step(3, lambda: None, freeze_then_abandon)
+    assert len(abandoned) > 2 and not any(f.done() for f in abandoned)  # every bucket's allreduce is still in flight
+    e.bind(_Pair(store, 1))
+
+    def land_then_thaw(futures):
+        _wait(futures)  # generation 1's reduction has landed in the gradients
+        g0.running.set()  # the frozen peer resumes: generation 0's collectives complete now
+        _wait(abandoned)
+
+    e.step(3, lambda: None, land_then_thaw)
+    assert _sha(e, 4) == _sha(ref, 4)
 
 
 def test_nonfinite_step_stop_keeps_the_state_skip_drops_it():
