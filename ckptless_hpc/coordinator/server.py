@@ -258,7 +258,7 @@ class Coordinator(Channel, Ending):
         else:
             self._exclude(rec.node, f"spare {rec.wid} failed: {reason}")
             asyncio.ensure_future(self._refill())
-        if self.launcher.node_is_one_step:  # its node's step ended with it: the node's ranks are lost together, one failure
+        if getattr(self.launcher, "node_is_one_step", False):  # its node's step ended with it: the node's ranks are lost together, one failure
             for mate in self.members.node_mates(rec.wid):
                 self._lost(self.workers[mate], f"its node's step ended with worker {rec.wid} ({reason})")
         self._notify()

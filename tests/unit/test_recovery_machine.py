@@ -260,22 +260,23 @@ def test_a_node_lost_rank_by_rank_is_one_generation_that_replaces_all_its_ranks(
     assert rec.t_detect == T0 and rec.replacements == {"2": "s0.0", "3": "s0.1"}
 
 
-def test_a_folded_loss_keeps_the_hold_deadline_and_its_hold_is_not_counted():
+def _node_lost_after_one_held() -> Job:
+    """Node n1 lost, no spare: n1.0 first, then n1.1 (after it held step 9), folded in at T0 + 1."""
     job = Job(nodes=2, wpn=2, spare_nodes=0)
     job.fail("n1.0", T0)
     job.advance(T0)
     job.machine.on_message("n1.1", Held(gen=0, abort_gen=1, step=9))
     job.fail("n1.1", T0 + 1)
-    job.advance(T0 + 1)
+    assert kinds(job.advance(T0 + 1)) == ["Emit"]
+    return job
+
+
+def test_a_folded_loss_keeps_the_hold_deadline_and_its_hold_is_not_counted():
+    job = _node_lost_after_one_held()
     job.machine.on_message("n0.0", Held(gen=0, abort_gen=1, step=8))
     assert job.advance(T0 + OPTS.recovery_timeout_s - 0.01) == []
     assert job.advance(T0 + OPTS.recovery_timeout_s) == [Lose("n0.1", "did not hold within cluster.recovery_timeout_s=60s")]
-    job2 = Job(nodes=2, wpn=2, spare_nodes=0)
-    job2.fail("n1.0", T0)
-    job2.advance(T0)
-    job2.machine.on_message("n1.1", Held(gen=0, abort_gen=1, step=9))
-    job2.fail("n1.1", T0 + 1)
-    job2.advance(T0 + 1)
+    job2 = _node_lost_after_one_held()
     job2.hold_all(step=8)
     give_up = job2.advance(T0 + 2)[-1]
     assert isinstance(give_up, GiveUp) and give_up.held_steps == {"n0.0": 8, "n0.1": 8}  # never the dead worker's step 9
