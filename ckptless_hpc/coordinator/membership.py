@@ -114,7 +114,8 @@ class Membership:
         """The other live ranks on ``wid``'s node: lost with it where a node's workers share one
         scheduler step (Slurm), which ends as a unit."""
         node = self.workers[wid].node
-        return [w.wid for w in self.workers.values() if w.node == node and w.wid != wid and w.role == "active"]
+        mates = (self.workers.get(f"{node}.{j}") for j in range(self.wpn))  # O(workers per node), not O(job)
+        return [w.wid for w in mates if w is not None and w.wid != wid and w.role == "active"]
 
     def connected_spare(self) -> Optional[WorkerRec]:
         return next((w for w in self.workers.values() if w.role == "spare" and w.writer is not None), None)
