@@ -38,3 +38,20 @@ def run_job(run_dir: Path, *overrides: str, timeout_s: float = 240, env: Dict[st
     cmd = [sys.executable, "-m", "ckptless_hpc", f"hydra.run.dir={run_dir}", *overrides]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=None if env is None else {**os.environ, **env})
     return JobResult(p.returncode, p.stdout + p.stderr, run_dir)
+
+
+def most_spare_nodes(events: List[Dict]) -> int:
+    """The most nodes holding an idle hot spare at any moment of a run, replayed from its events:
+    a refill that counts ranks (or runs twice at once) shows as more than ``cluster.spare_nodes``."""
+    idle: Dict[str, set] = {}  # node -> its idle spare workers
+    most = 0
+    for e in events:
+        kind = e["event"]
+        if kind == "node_started" and e["role"] == "spare":
+            idle[e["node"]] = {f"{e['node']}.{j}" for j in range(e["workers"])}
+        elif kind in ("spare_promoted", "failure_detected") and e.get("worker"):
+            idle.get(e["worker"].rpartition(".")[0], set()).discard(e["worker"])
+        elif kind == "node_excluded":
+            idle.pop(e["node"], None)
+        most = max(most, sum(1 for workers in idle.values() if workers))
+    return most

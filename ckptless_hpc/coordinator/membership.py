@@ -105,6 +105,18 @@ class Membership:
     def spare_nodes(self) -> Set[str]:
         return {w.node for w in self.workers.values() if w.role == "spare"}
 
+    def spare_nodes_missing(self, wanted: int) -> int:
+        """Spare nodes to start so that ``wanted`` are kept: counted in nodes, never in ranks (a
+        node lost with all its ranks used one spare node, and is one node to refill)."""
+        return max(0, wanted - len(self.spare_nodes()))
+
+    def node_mates(self, wid: str) -> List[str]:
+        """The other live ranks on ``wid``'s node: lost with it where a node's workers share one
+        scheduler step (Slurm), which ends as a unit."""
+        node = self.workers[wid].node
+        mates = (self.workers.get(f"{node}.{j}") for j in range(self.wpn))  # O(workers per node), not O(job)
+        return [w.wid for w in mates if w is not None and w.wid != wid and w.role == "active"]
+
     def connected_spare(self) -> Optional[WorkerRec]:
         return next((w for w in self.workers.values() if w.role == "spare" and w.writer is not None), None)
 

@@ -12,6 +12,10 @@ recovery, with the failed ranks of all its generations in one ``metrics.Recovery
 start that failed because the state sources could not serve it (unreachable, refusing, sending
 damaged bytes: the worker names them) counts against those sources, not against the fetcher: a
 source failing that often is the one lost.
+One exception: the ranks of a node that fail together are one failure. A loss on a node that
+this recovery lost already, detected while the survivors are still holding (nothing of the new
+generation is planned yet), folds into the generation being held: no new generation, no second
+abort (a killed node's workers are seen dying one by one, milliseconds apart).
 """
 
 from __future__ import annotations
@@ -176,6 +180,8 @@ class RecoveryMachine:
             return []
         if failures:
             self._failures.update(failures)
+        if self._failures and self._folds():
+            return self._fold(now)
         if self._failures or self._again:
             return self._bump(now)
         if not self._waiting() and (self.deadline is None or now < self.deadline):
@@ -190,20 +196,10 @@ class RecoveryMachine:
     def _bump(self, now: float) -> List[Action]:
         failures, self._failures, self._again = self._failures, {}, False
         workers = self.members.workers
-        failed_ranks = sorted(workers[w].rank for w in failures if workers[w].rank is not None)  # type: ignore[type-var]
         out: List[Action] = [Exclude(workers[w].node, f"worker {w} failed: {reason}") for w, (reason, _) in failures.items()]
-        t_detect = min([t for _, t in failures.values()], default=now)
-        rec = self.record
-        if rec is None:
-            o = self.opts
-            recent = [t for t in self.fault_times if t_detect - o.heartbeat_timeout_s - 2 * o.heartbeat_interval_s <= t <= t_detect]
-            rec = self.record = Recovery(self.gen + 1, failed_ranks, [], [], [], t_fail=min(recent, default=t_detect), t_detect=t_detect)
-        else:
-            rec.attempts += 1
-            rec.failed_ranks = sorted(set(rec.failed_ranks) | set(failed_ranks))
-        rec.failed_workers += sorted(failures)
-        rec.failed_nodes = sorted({workers[w].node for w in rec.failed_workers})
-        rec.reasons += [r for r, _ in failures.values()]
+        if self.record is not None:
+            self.record.attempts += 1
+        failed_ranks = self._note(failures, now)
         self.gen += 1
         self._tally = _Tally()
         self._survivors = self.members.survivors()
@@ -214,6 +210,45 @@ class RecoveryMachine:
             Emit("generation_bumped", None, {"failed_ranks": failed_ranks, "survivors": len(self._survivors)}),
             Abort(tuple(self._survivors.values()), self.gen),
         ]
+
+    def _folds(self) -> bool:
+        """Are the new failures more of this recovery's lost nodes, seen while the survivors still
+        hold (no plan made yet)? Then they are part of the failure being recovered from."""
+        if self.phase != HOLD or self._again or self.record is None:
+            return False
+        workers = self.members.workers
+        return all(workers[w].node in self.record.failed_nodes for w in self._failures)
+
+    def _fold(self, now: float) -> List[Action]:
+        """The generation being held stays: the lost ones leave the survivors it waits for (the
+        deadline is kept), and the plan, when all hold, replaces their ranks too."""
+        failures, self._failures = self._failures, {}
+        failed_ranks = self._note(failures, now)
+        held = self._tally.held
+        for w in failures:  # held, then died: nothing it holds is planned with
+            held.pop(w, None)
+        self._survivors = self.members.survivors()
+        self._waiting = Arrivals(self._survivors.values(), held.__contains__)
+        nodes = sorted({self.members.workers[w].node for w in failures})
+        return [Emit("failure_folded", None, {"failed_ranks": failed_ranks, "nodes": nodes, "survivors": len(self._survivors)})]
+
+    def _note(self, failures: Mapping[str, Tuple[str, float]], now: float) -> List[int]:
+        """The record of this recovery (made by its first failures, detected before ``now``)
+        takes ``failures`` in; their ranks."""
+        workers = self.members.workers
+        failed_ranks = sorted(workers[w].rank for w in failures if workers[w].rank is not None)  # type: ignore[type-var]
+        rec = self.record
+        if rec is None:
+            o = self.opts
+            t_detect = min([t for _, t in failures.values()], default=now)
+            recent = [t for t in self.fault_times if t_detect - o.heartbeat_timeout_s - 2 * o.heartbeat_interval_s <= t <= t_detect]
+            rec = self.record = Recovery(self.gen + 1, failed_ranks, [], [], [], t_fail=min(recent, default=t_detect), t_detect=t_detect)
+        else:
+            rec.failed_ranks = sorted(set(rec.failed_ranks) | set(failed_ranks))
+        rec.failed_workers += sorted(failures)
+        rec.failed_nodes = sorted({workers[w].node for w in rec.failed_workers})
+        rec.reasons += [r for r, _ in failures.values()]
+        return failed_ranks
 
     def _enter(self, phase: str, waiting: Any, deadline: Optional[float]) -> None:
         self.phase, self._waiting, self.deadline = phase, waiting, deadline

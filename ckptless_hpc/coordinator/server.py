@@ -114,6 +114,7 @@ class Coordinator(Channel, Ending):
         self.hb_delay = DelayHistogram()  # heartbeat sent (worker's clock) -> read here
         self._calls: Optional[ThreadPoolExecutor] = None  # launcher calls that wait for the scheduler
         self.relays: Dict[str, Any] = {}  # node -> its relay's link (cluster.control=node; channel.py)
+        self._refilling = asyncio.Lock()  # one spare refill at a time (_refill)
 
     # ------------------------------------------------------------------ membership (membership.py decides)
     @property
@@ -247,7 +248,7 @@ class Coordinator(Channel, Ending):
             self._send(spare, {"type": "inject", "index": f.index})
 
     def _resumed(self, rec: WorkerRec, step: int, back: Resumed, now: float) -> None:
-        for _ in range(back.refills):
+        if back.refills:
             asyncio.ensure_future(self._refill())
         rep = back.recovery.report()
         self._emit("resumed", rec, step=step, downtime_s=rep["downtime_s"], at=now)
@@ -281,6 +282,9 @@ class Coordinator(Channel, Ending):
         else:
             self._exclude(rec.node, f"spare {rec.wid} failed: {reason}")
             asyncio.ensure_future(self._refill())
+        if getattr(self.launcher, "node_is_one_step", False):  # its node's step ended with it: the node's ranks are lost together, one failure
+            for mate in self.members.node_mates(rec.wid):
+                self._lost(self.workers[mate], f"its node's step ended with worker {rec.wid} ({reason})")
         self._notify()
 
     def _exclude(self, node: str, why: str) -> None:
@@ -578,17 +582,18 @@ class Coordinator(Channel, Ending):
         return {w: now[w] for w in kept}
 
     async def _refill(self) -> None:
-        if self.stopping or not self.cfg.cluster.refill_spares:
-            return
-        need = self.cfg.cluster.spare_nodes - len(self.members.spare_nodes())
-        if need <= 0:
-            return
-        name = await self._off_loop(self.launcher.free_node)
-        if name is None:
-            self._emit("refill_skipped", reason="no free node left")
-            return
-        await self._start_node(name, "spare")
-        self._emit("spare_launched", node=name)
+        """Start spare nodes until ``cluster.spare_nodes`` are kept (counted in nodes). One refill
+        at a time, so that one asked while another runs counts the nodes that one started."""
+        async with self._refilling:
+            if self.stopping or not self.cfg.cluster.refill_spares:
+                return
+            for _ in range(self.members.spare_nodes_missing(self.cfg.cluster.spare_nodes)):
+                name = await self._off_loop(self.launcher.free_node)
+                if name is None:
+                    self._emit("refill_skipped", reason="no free node left")
+                    return
+                await self._start_node(name, "spare")
+                self._emit("spare_launched", node=name)
 
     def _quiesce_targets(self) -> Dict[int, str]:
         return self.members.survivors()

@@ -10,6 +10,7 @@ from typing import Any, Dict, Optional
 
 class Launcher:
     batch_node: Optional[str] = None  # the node the coordinator runs on (None: on no worker node)
+    node_is_one_step: bool = False  # a node's workers share one scheduler step: ending one worker ends them all
 
     def register(self, worker: str, hello: Dict[str, Any]) -> None:
         """A worker connected (its hello: node, pid, Slurm step)."""

@@ -213,6 +213,8 @@ class SlurmLauncher(Launcher):
     answer with Slurm's reply: the coordinator calls them off its event loop.
     """
 
+    node_is_one_step = True  # one srun step per node: ``kill_worker`` ends the node's step, every rank of it
+
     def __init__(self, cfg: Any, run_dir: str, job_id: str, env: SlurmEnvironment, secret: str) -> None:
         self.cfg = cfg
         self.run_dir = run_dir

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from ckpt_testlib import most_spare_nodes
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 MLP = ("task=mlp", "train.steps=60")
@@ -71,15 +73,21 @@ def test_kill_worker_default_task(job, baseline):
     assert any(" gen=1 step=" in line and "recovered" in line for line in coord_log.splitlines()), coord_log
 
 
-def test_kill_node(job, baseline):
-    """A whole node (2 ranks, one process group) SIGKILLed: both ranks move to the spare node."""
+@pytest.mark.parametrize("control", ["rank", "node"])
+def test_kill_node(job, baseline, control):
+    """A whole node (2 ranks, one process group; with cluster.control=node its relay too)
+    SIGKILLed: one failure. Both ranks move to the spare node in one generation, and one node
+    refills the pool (its workers are seen dying one by one: the later ones fold in)."""
     cfg = (*MLP, "cluster.workers_per_node=2")
-    res = job(*cfg, "fault=kill_node", "fault.node=1", "fault.step=20")
+    res = job(*cfg, f"cluster.control={control}", "fault=kill_node", "fault.node=1", "fault.step=20")
     (rec,) = _assert_recovered(res, 1)
-    assert res.summary["final_state_sha256"] == baseline(*cfg)
+    assert res.summary["final_state_sha256"] == baseline(*cfg)  # a relay changes how frames travel, not what is trained
     assert rec["failed_ranks"] == [2, 3] and rec["failed_nodes"] == ["local1"]
     assert sorted(rec["replacements"].values()) == ["local2.0", "local2.1"]
     assert "local1" in res.summary["excluded_nodes"]
+    assert (rec["gen"], rec["attempts"]) == (1, 1) and len(res.of("generation_bumped")) == 1, res.of("generation_bumped")
+    assert [e["node"] for e in res.of("spare_launched")] == ["local3"] and most_spare_nodes(res.events) == 1
+    assert bool(res.of("relay_connected")) == (control == "node")
 
 
 def test_hang(job, baseline):

@@ -7,7 +7,8 @@ then a killed owner whose copy lives on the replaced node (so the copy must have
 to the new process), a hang, and a kill right after the optimizer step (the consistency
 window: the survivors have applied a step whose copy of the dead rank's shard does not exist).
 A second run kills an owner together with every holder of its shard: the job must say the
-state is lost and stop (exit 3), never go on with a missing or stale shard.
+state is lost and stop (exit 3), never go on with a missing or stale shard. Behind node relays
+(cluster.control=node) a killed node is one recovery in every mode, with the per-rank run's hash.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from ckpt_testlib import most_spare_nodes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -51,6 +54,7 @@ def test_every_fault_kind_keeps_the_oracle(mode, job, baseline):
     assert sorted(s["faults_fired"]) == [0, 1, 2, 3], s["faults_fired"]
     assert len(s["recoveries"]) == 4, [r["failed_ranks"] for r in s["recoveries"]]
     assert s["final_state_sha256"] == baseline(*cfg, *FAST_HB, env=TASKS)
+    _one_failure(res, s["recoveries"][0])
     # the sharded model's evaluations (and the own metric) equal the fault-free run's, bitwise
     evals = {e["step"]: e["metrics"] for e in _events(res.run_dir, "eval")}
     want = {e["step"]: e["metrics"] for e in baseline.result(*cfg, *FAST_HB, env=TASKS).of("eval")}
@@ -65,6 +69,28 @@ def test_every_fault_kind_keeps_the_oracle(mode, job, baseline):
     # wait for: rank 1 holds the same shard at 32
     last = s["recoveries"][-1]
     assert last["failed_ranks"] == [3] and last["target_step"] == (32 if mode == "hsdp" else 31), last
+
+
+def _one_failure(res, rec: dict) -> None:
+    """The killed node (slot 1: ranks 2 and 3) was one failure: recovered in generation 1, the
+    first, and the pool never held more spare nodes than cluster.spare_nodes (SHAPE)."""
+    assert rec["failed_ranks"] == [2, 3] and (rec["gen"], rec["attempts"]) == (1, 1), rec
+    assert most_spare_nodes(res.events) <= 2
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_killed_node_behind_relays_is_one_recovery(mode, job, baseline):
+    """cluster.control=node: the node's relay dies with its workers. Still one generation, one
+    refill node, and the fault-free hash of the per-rank run (the baseline above)."""
+    cfg = (*RICH, *SHAPE, *MODES[mode])
+    res = job(*cfg, *FAST_HB, "cluster.control=node", "fault=kill_node", "fault.node=1", "fault.step=8", env=TASKS)
+    assert res.rc == 0, res.out[-5000:]
+    s = res.summary
+    (rec,) = s["recoveries"]
+    _one_failure(res, rec)
+    assert len(res.of("generation_bumped")) == 1 and [e["node"] for e in res.of("spare_launched")] == ["local4"]
+    assert {e["node"] for e in res.of("relay_connected")} >= {"local0", "local1", "local2", "local3"}  # every node behind a relay
+    assert s["final_state_sha256"] == baseline(*cfg, *FAST_HB, env=TASKS)
 
 
 @pytest.mark.parametrize("mode", list(ON_TWO_RANKS))

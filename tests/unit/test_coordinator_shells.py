@@ -1,6 +1,7 @@
 """The small pieces the coordinator's server is a shell around, tested without sockets or
 processes: waiting on its state (wakeup.py), reporting stragglers once (detector.py), echoing
-the console rank's log (progress.py) and describing a scheduler command's outcome."""
+the console rank's log (progress.py), describing a scheduler command's outcome, refilling the
+spare pool by nodes, and a node's ranks lost together where its step is one."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import logging
 import pytest
 
 from ckptless_hpc.coordinator.detector import StragglerWatch, StragglerWindow
+from ckptless_hpc.coordinator.server import Coordinator
 from ckptless_hpc.coordinator.wakeup import Wakeup
 from ckptless_hpc.launch.background import describe, event_fields
 from ckptless_hpc.progress import ConsoleEcho, Progress
+from coordlib import NoLauncher, cfg, membership
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,3 +118,62 @@ def test_a_scheduler_command_outcome_is_described_with_gen_rank_and_step():
     failed = dict(ok, ok=False, error="slurmctld timed out")
     assert describe(failed, 2, None, None) == (logging.WARNING, "cancel_step (node n1, Slurm step 7.3, gen 2, rank None, at step None) failed after 1.23s: slurmctld timed out")
     assert "job" not in event_fields(ok) and "worker" not in event_fields(ok) and event_fields(ok)["slurm_step"] == "7.3"
+
+
+class _Nodes(NoLauncher):
+    """Hands out new node names and 'starts' them (no process); Slurm's unit of loss when asked."""
+
+    def __init__(self, node_is_one_step: bool = False) -> None:
+        super().__init__()
+        self.node_is_one_step = node_is_one_step
+        self.asked, self.started = 0, []
+
+    def free_node(self) -> str:
+        self.asked += 1
+        return f"new{self.asked}"
+
+    async def start_node(self, name, workers, coordinator, on_exit):
+        await asyncio.sleep(0.01)  # the other refill runs meanwhile
+        self.started.append(name)
+        return [f"{name}.{j}" for j in range(workers)]
+
+
+def _coordinator(tmp_path, launcher, *overrides):
+    c = Coordinator(cfg("task=mlp", "cluster.nodes=2", "cluster.workers_per_node=2", *overrides), str(tmp_path), launcher, "s" * 64, "job-test")
+    c.members = membership(2, 2, 1)
+    c.address, c.gen, c._t_train = "127.0.0.1:1", 0, 1000.0
+    return c
+
+
+@pytest.mark.parametrize("spare_nodes, started", [(1, ["new1"]), (2, ["new1", "new2"])])
+def test_two_refills_asked_at_once_start_the_nodes_missing_once(tmp_path, spare_nodes, started):
+    """A lost node's two ranks used one spare node: one node to start, however many refills are asked."""
+    launcher = _Nodes()
+    c = _coordinator(tmp_path, launcher, f"cluster.spare_nodes={spare_nodes}")
+    for w in ("n1.0", "n1.1"):
+        c.members.lose(w)
+    c.members.assign({2: "s0.0", 3: "s0.1"})
+
+    async def go() -> None:
+        await asyncio.gather(c._refill(), c._refill())
+
+    asyncio.run(go())
+    c.events.close()
+    assert launcher.started == started and launcher.asked == len(started)
+    assert c.members.spare_nodes() == set(started)
+
+
+@pytest.mark.parametrize("one_step", [True, False])
+def test_a_lost_worker_takes_its_node_mates_where_a_node_is_one_step(tmp_path, one_step):
+    """Slurm: the node's step ends with any of its workers: its ranks are one failure, at once.
+    Locally a killed worker's neighbour lives on (a killed node's workers are each seen dying)."""
+    launcher = _Nodes(node_is_one_step=one_step)
+    c = _coordinator(tmp_path, launcher)
+    c._lost(c.workers["n1.0"], "control connection closed (EOF)")
+    c.events.close()
+    if one_step:
+        assert sorted(c.pending) == ["n1.0", "n1.1"] and launcher.killed == ["n1.0", "n1.1"]
+        assert c.pending["n1.1"][0] == "its node's step ended with worker n1.0 (control connection closed (EOF))"
+    else:
+        assert sorted(c.pending) == ["n1.0"] and c.workers["n1.1"].role == "active"
+    assert c.workers["n0.0"].role == "active" and c.workers["s0.0"].role == "spare"

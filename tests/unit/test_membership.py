@@ -71,3 +71,18 @@ def test_typed_messages_name_the_field_and_value_they_refuse():
         inbox.parse({"type": "joining", "gen": True})
     m = inbox.parse({"type": "metrics", "step": 3.0, "loss": float("nan"), "step_s": 0.1})
     assert m.step == 3 and isinstance(m.step, int) and m.lr is None
+
+
+def test_refills_count_nodes_and_a_nodes_mates_are_its_live_ranks():
+    m = _job(2, 2, 1)
+    assert m.spare_nodes_missing(1) == 0 and m.spare_nodes_missing(3) == 2
+    for w in ("n1.0", "n1.1"):
+        m.lose(w)
+    m.assign({2: "s0.0", 3: "s0.1"})  # one lost node's two ranks took one spare node's two workers
+    assert m.spare_nodes_missing(1) == 1  # one node to refill, not two
+    m2 = _job(2, 2, 1)
+    m2.lose("n1.0")
+    m2.assign({2: "s0.0"})  # a spare node half used still is a spare node
+    assert m2.spare_nodes_missing(1) == 0
+    assert m2.node_mates("n1.0") == ["n1.1"] and m2.node_mates("n0.1") == ["n0.0"]
+    assert m2.node_mates("s0.0") == []  # its node's other worker is an idle spare (excluding the node stops it)

@@ -254,3 +254,70 @@ def test_sharded_state_assigns_only_once_the_promoted_spare_serves_or_its_start_
         acts = job.advance(now)
         assert kinds(acts) == ["Assign", "ReleaseCommands"]
         assert acts[0].step == 5 and acts[0].ranks == {0: "n0.0", 1: "s0.0"} and acts[0].sources == {"s0.0": ["n0.0"]}
+
+
+def test_a_node_lost_rank_by_rank_is_one_generation_that_replaces_all_its_ranks():
+    """kill_node: the node's workers die together and are seen one by one, 14 ms apart. The
+    second loss, seen while the survivors hold, folds into the generation being held."""
+    job = Job(nodes=2, wpn=2, spare_nodes=1)
+    job.fail("n1.0", T0)
+    acts = job.advance(T0)
+    assert kinds(acts) == ["Exclude", "NewGeneration", "Emit", "Abort"] and acts[1] == NewGeneration(1)
+    job.machine.on_message("n1.1", Held(gen=0, abort_gen=1, step=7))  # it held, then its node went
+    job.fail("n1.1", T0 + 0.014)
+    acts = job.advance(T0 + 0.014)
+    assert kinds(acts) == ["Emit"] and acts[0].event == "failure_folded", acts
+    assert acts[0].fields == {"failed_ranks": [3], "nodes": ["n1"], "survivors": 2}
+    assert job.machine.gen == 1 and not job.machine.satisfied()
+    job.machine.on_message("n0.0", Held(gen=0, abort_gen=1, step=7))
+    assert not job.machine.satisfied()  # n0.1 still holds; the dead n1.1 is not waited for
+    job.machine.on_message("n0.1", Held(gen=0, abort_gen=1, step=7))
+    acts = job.advance(T0 + 0.1)
+    assert kinds(acts) == ["Emit", "Emit", "Assign", "ReleaseCommands"]
+    assert {a.fields["rank"]: a.worker for a in acts[:2]} == {2: "s0.0", 3: "s0.1"}  # one spare node for one lost node
+    assign = acts[2]
+    assert assign.ranks == {0: "n0.0", 1: "n0.1", 2: "s0.0", 3: "s0.1"} and set(assign.sources) == {"s0.0", "s0.1"}
+    assert all("n1.1" not in s for s in assign.sources.values())  # a dead worker's hold is no source
+    job.ready_all()
+    (done,) = job.advance(T0 + 0.2)
+    rec = done.record
+    assert (rec.gen, rec.attempts, rec.failed_ranks, rec.failed_nodes, rec.failed_workers) == (1, 1, [2, 3], ["n1"], ["n1.0", "n1.1"])
+    assert rec.t_detect == T0 and rec.replacements == {"2": "s0.0", "3": "s0.1"}
+
+
+def _node_lost_after_one_held() -> Job:
+    """Node n1 lost, no spare: n1.0 first, then n1.1 (after it held step 9), folded in at T0 + 1."""
+    job = Job(nodes=2, wpn=2, spare_nodes=0)
+    job.fail("n1.0", T0)
+    job.advance(T0)
+    job.machine.on_message("n1.1", Held(gen=0, abort_gen=1, step=9))
+    job.fail("n1.1", T0 + 1)
+    assert kinds(job.advance(T0 + 1)) == ["Emit"]
+    return job
+
+
+def test_a_folded_loss_keeps_the_hold_deadline_and_its_hold_is_not_counted():
+    job = _node_lost_after_one_held()
+    job.machine.on_message("n0.0", Held(gen=0, abort_gen=1, step=8))
+    assert job.advance(T0 + OPTS.recovery_timeout_s - 0.01) == []
+    assert job.advance(T0 + OPTS.recovery_timeout_s) == [Lose("n0.1", "did not hold within cluster.recovery_timeout_s=60s")]
+    job2 = _node_lost_after_one_held()
+    job2.hold_all(step=8)
+    give_up = job2.advance(T0 + 2)[-1]
+    assert isinstance(give_up, GiveUp) and give_up.held_steps == {"n0.0": 8, "n0.1": 8}  # never the dead worker's step 9
+    assert "2 rank(s) [2, 3] failed" in give_up.reason
+
+
+@pytest.mark.parametrize("late", ["another node, while the survivors hold", "the same node, once the plan is sent"])
+def test_a_loss_that_is_not_the_same_failure_starts_the_next_generation(late):
+    job = Job(nodes=3, wpn=2, spare_nodes=2)
+    job.fail("n1.0", T0)
+    job.advance(T0)
+    if late.startswith("the same node"):
+        job.hold_all()
+        assert kinds(job.advance(T0 + 1)) == ["Emit", "Assign", "ReleaseCommands"]  # n1.1 named a survivor
+        job.fail("n1.1", T0 + 2)
+    else:
+        job.fail("n2.0", T0 + 0.01)
+    acts = job.advance(T0 + 2)
+    assert kinds(acts) == ["Exclude", "NewGeneration", "Emit", "Abort"] and acts[1] == NewGeneration(2), late
