@@ -188,6 +188,7 @@ class Coordinator(Channel, Ending):
             self._emit("transfer_error", rec, source=m.source, error=m.error)
         elif isinstance(m, FaultFired):
             self.faults_done.add(m.index)
+            self._send(rec, {"type": "fault_ack", "index": m.index})  # recorded: the worker may now fire it
             ev = self._emit("fault_injected", rec, step=m.step, kind=m.kind, index=m.index, pid=m.pid)
             if m.kind in KILLS:  # only a fault that fails a rank can be a recovery's t_fail (not a straggler, a spare, the wire)
                 self.fault_times.append(ev["time"])  # the recovery's t_fail is this event's time

@@ -58,6 +58,7 @@ EXIT_COORDINATOR_LOST = 17
 EXIT_STARTUP_ERROR = 18
 EXIT_CUDA_POISONED = 19  # a CUDA error poisoned the context: replaced through the spare path
 EXIT_WEDGED = 20  # an NCCL abort or a CUDA stream check did not return within cluster.abort_timeout_s
+FAULT_ACK_WAIT_S = 5.0  # an injected fault waits this long at most for the coordinator to record it
 ORPHANED_SPARE_WAIT_S = 10.0  # a rank claims the last-resort lock at once; a spare acts only if none did
 
 
@@ -98,6 +99,8 @@ class Worker(Interruptible, PeerState, StorageCopy):
         self._retired = Retired()  # past generations' groups and store clients, released once idle
         self._released_before = 0
         self._wake = threading.Event()
+        self._fault_acks: set = set()  # fault indices the coordinator has recorded as fired
+        self._fault_acked = threading.Condition()
         self._stopping = False
         self._orphaned: Optional[str] = None  # the coordinator is gone (Slurm: save and requeue)
         self.run_dir: Optional[str] = None
@@ -186,7 +189,11 @@ class Worker(Interruptible, PeerState, StorageCopy):
 
     # ------------------------------------------------------------------ control
     def _on_message(self, msg: Dict[str, Any]) -> None:
-        if msg.get("type") == "abort":
+        if msg.get("type") == "fault_ack":
+            with self._fault_acked:
+                self._fault_acks.add(int(msg["index"]))
+                self._fault_acked.notify_all()
+        elif msg.get("type") == "abort":
             self.abort_gen = max(self.abort_gen, int(msg["gen"]))
             self._wake.set()
         elif msg.get("type") == "stop":
@@ -242,7 +249,7 @@ class Worker(Interruptible, PeerState, StorageCopy):
             elif kind == "abort":
                 self._fire_due("recovery", self.step)
                 self._send_held(int(msg["gen"]), reason="abort")
-            elif kind == "copy_at":
+            elif kind in ("copy_at", "fault_ack"):
                 pass  # taken on arrival (_on_message)
             elif kind == "inject":
                 self._fire(self.faults[int(msg["index"])], self.step)
@@ -256,8 +263,14 @@ class Worker(Interruptible, PeerState, StorageCopy):
                 log.warning("ignoring unknown message %r", kind)
 
     def _fire(self, fault: faultlib.Fault, step: Optional[int]) -> None:
-        """Tell the coordinator which fault fires (so it is never repeated), then act on ourselves."""
+        """Tell the coordinator which fault fires (so it is never repeated), and act on ourselves
+        once it has recorded it (at most FAULT_ACK_WAIT_S): behind a relay, a kill_node would
+        otherwise kill the relay with the report still in it, and a replacement would fire the
+        same fault again."""
         self.client.send({"type": "fault", "index": fault.index, "kind": fault.kind, "at": fault.at, "gen": self.gen, "rank": self.rank, "step": step, "pid": os.getpid()})
+        with self._fault_acked:
+            if not self._fault_acked.wait_for(lambda: fault.index in self._fault_acks, FAULT_ACK_WAIT_S):
+                log.warning("the coordinator did not confirm fault %d within %.0fs: firing it anyway", fault.index, FAULT_ACK_WAIT_S)
         log.warning("injecting fault: %s", fault.describe())
         faultlib.fire(fault)
 
