@@ -55,3 +55,18 @@ def most_spare_nodes(events: List[Dict]) -> int:
             idle.pop(e["node"], None)
         most = max(most, sum(1 for workers in idle.values() if workers))
     return most
+
+
+def fill_up(fs: Path, chunk: int = 4096) -> OSError:
+    """Write into ``fs`` until the filesystem refuses; the error it refused with (ENOSPC for a
+    full one): it is full for everyone after this."""
+    fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * chunk):
+            pass
+    except OSError as e:
+        return e
+    finally:
+        os.close(fd)
+    raise AssertionError(f"{fs} took every write")
+

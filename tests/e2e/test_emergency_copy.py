@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ckpt_testlib import REPO, JobResult
+from ckpt_testlib import REPO, JobResult, fill_up
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -41,14 +41,7 @@ def full_state_dir(tmp_path):
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
-        fd = os.open(path / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while os.write(fd, b"\0" * 4096):
-                pass
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        fill_up(path)
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=20)

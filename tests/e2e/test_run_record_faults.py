@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_testlib import REPO, wait_for
+from ckpt_testlib import REPO, fill_up, wait_for
 from ckptless_hpc.rundir import parse_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -51,15 +51,8 @@ def own_fs(tmp_path):
 
 def _fill(fs: Path) -> None:
     """Write until the filesystem says ENOSPC: it is full for everyone after this."""
-    fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 65536):
-            pass
-    except OSError as e:
-        assert e.errno == 28, e  # ENOSPC, nothing else
-    finally:
-        os.close(fd)
-
+    e = fill_up(fs, 65536)
+    assert e.errno == 28, e  # ENOSPC, nothing else
 
 class Job:
     """A job started in the background, its console in a file outside the run dir."""

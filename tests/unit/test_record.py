@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from ckpt_testlib import fill_up
 from ckptless_hpc import record
 from ckptless_hpc.metrics import EventLog
 from ckptless_hpc.record import RecordError, RecordFileHandler
@@ -29,14 +30,7 @@ def _strict_loads(text: str):
 
 
 def _fill(fs) -> None:
-    fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fill_up(fs)
 
 
 def test_json_is_strict_and_non_finite_values_read_back_as_floats():
