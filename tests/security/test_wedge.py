@@ -29,6 +29,7 @@ import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # minutes on a loaded 2-core machine; ~30 s each unloaded
 
+FLOOD_MAX = 4000  # connections the EMFILE flood may open in all (the store closes unfinished handshakes after 10 s)
 DRIP_EVERY_S = 2.0  # well inside any per-read timeout: only a bound on the whole handshake ends a drip
 
 
@@ -129,18 +130,27 @@ def raise_own_fd_limit(n: int) -> None:
 def test_emfile_on_the_store_is_survived_and_a_fault_recovers(start_job, baseline):
     limit = 64  # the coordinator holds ~15 descriptors while it trains (3 workers)
     job = start_job(nofile=limit)
-    pid = job.coordinator_pid
+    pid, port = job.coordinator_pid, job.store[1]
+    raise_own_fd_limit(FLOOD_MAX + 64)
     flood: List[socket.socket] = []
-    while _fds(pid) < limit:  # every descriptor taken: the store's next accept() fails with EMFILE
-        flood.append(socket.create_connection(job.store, timeout=30))
-        assert len(flood) < 4 * limit, f"the coordinator holds {_fds(pid)} descriptors after {len(flood)} connections"
-    flood += [socket.create_connection(job.store, timeout=30) for _ in range(8)]
-    job.wait_for("connections queued that the store cannot accept", lambda _: _fds(pid) >= limit and _accept_queue(job.store[1]) > 0)
+    deadline = time.monotonic() + 300
+    # every descriptor taken and connections left waiting: the store's next accept() fails with
+    # EMFILE. Paced by the accept queue, not by a count: on a loaded machine the coordinator's
+    # accept() lags far behind connect() (the kernel completes a connection before it is accepted)
+    while not (_fds(pid) >= limit and _accept_queue(port) > 0):
+        assert time.monotonic() < deadline and len(flood) < FLOOD_MAX, (
+            f"the coordinator holds {_fds(pid)} descriptors, {_accept_queue(port)} queued, after {len(flood)} connections"
+        )
+        if _accept_queue(port) < 8:
+            flood.append(socket.create_connection(job.store, timeout=30))
+        else:
+            time.sleep(0.01)  # the store is still accepting what is queued
+    job.wait_for("the store's accept() failing with EMFILE", lambda _: "accept() failed (EMFILE" in job.log(), timeout_s=120)
     for s in flood:
         s.close()
     _kill_rank(job, 0)
     _recovered_to_the_oracle(job, baseline)
-    assert "rendezvous store 127.0.0.1:%d: accept() failed (EMFILE" % job.store[1] in job.log()
+    assert "rendezvous store 127.0.0.1:%d: accept() failed (EMFILE" % port in job.log()
 
 
 def test_a_drip_on_the_survivors_state_port_and_on_the_store_does_not_stop_the_recovery(start_job, baseline):
