@@ -22,10 +22,11 @@ run of the same config (the oracle).
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import math
+from typing import Any, Dict, List, Optional
 
 from . import transfer
-from .common import cpu_per_step, lm_params, median, task_overrides, verdict
+from .common import cpu_per_step, lm_params, median, ms_or_na, task_overrides, verdict
 
 NO_REFILL = ["cluster.refill_spares=false"]
 TARGET_PCT = 3.0  # the copies' overhead at factor 1
@@ -52,12 +53,14 @@ def floor(none: List[Any], copies: List[Any], ranks: int, step_s: float, reps: i
     sent_b = int(median([c["sent_bytes"] / c["snapshots"] for c in costs]))
     fl = transfer.floor(max(snap_b, sent_b), reps)
     floor_s = fl["memcpy_s"] * snap_b / fl["bytes"] + fl["loopback_s"] * sent_b / fl["bytes"]
-    cpu = median([_rank_cpu(c, ranks) for c in copies]) - median([_rank_cpu(n, ranks) for n in none])
+    cpu: Optional[float] = median([_rank_cpu(c, ranks) for c in copies]) - median([_rank_cpu(n, ranks) for n in none])
+    if not math.isfinite(cpu):  # a run too short to sample its CPU: no figure, not a NaN
+        cpu = None
     out = {
         "blocked_s_per_step": blocked, "blocked_pct_of_step": 100.0 * blocked / step_s,
         "snapshot_bytes_per_step": snap_b, "sent_bytes_per_step": sent_b, "memcpy_s": fl["memcpy_s"] * snap_b / fl["bytes"],
         "loopback_s": fl["loopback_s"] * sent_b / fl["bytes"], "floor_s_per_step": floor_s,
-        "copy_cpu_s_per_step": cpu, "cpu_over_floor": cpu / floor_s if floor_s > 0 else None,
+        "copy_cpu_s_per_step": cpu, "cpu_over_floor": cpu / floor_s if cpu is not None and floor_s > 0 else None,
         "targets": {"blocked_pct_of_step": BLOCKED_TARGET_PCT, "cpu_over_floor": CPU_TARGET_X},
     }
     out["blocked_reached"] = out["blocked_pct_of_step"] <= BLOCKED_TARGET_PCT
@@ -141,7 +144,7 @@ def table(res: Dict[str, Any]) -> str:
         if "blocked_pct_of_step" in f:
             cpu = f["cpu_over_floor"]
             lines.append(f"      blocked on acks {1e3 * f['blocked_s_per_step']:.1f} ms/step ({f['blocked_pct_of_step']:.1f}% of the step); copy CPU "
-                         f"{1e3 * f['copy_cpu_s_per_step']:.1f} ms/step vs memcpy + loopback {1e3 * f['floor_s_per_step']:.1f} ms (x{'n/a' if cpu is None else f'{cpu:.2f}'})")
+                         f"{ms_or_na(f['copy_cpu_s_per_step'], 1)} ms/step vs memcpy + loopback {1e3 * f['floor_s_per_step']:.1f} ms (x{'n/a' if cpu is None else f'{cpu:.2f}'})")
     lines.append("mode  params  shard MB  transfer s  downtime s  oracle")
     for r in res["recover"]:
         lines.append(f"{r['mode']:<5} {r['params'] / 1e6:6.1f}M {r['shard_mb']:9.1f} {r['transfer_s']:10.3f} {r['downtime_s']:11.3f}  {r.get('oracle')}")
@@ -160,3 +163,4 @@ def headline(res: Any) -> Dict[str, Any]:
         "b8_blocked_pct_of_step_f1": floor.get("blocked_pct_of_step"),
         "b8_copy_cpu_over_floor_f1": floor.get("cpu_over_floor"),
     }
+

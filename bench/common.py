@@ -296,3 +296,8 @@ def kill_all(procs: Iterable[subprocess.Popen]) -> None:
             p.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
+
+
+def ms_or_na(seconds: Optional[float], digits: int) -> str:
+    """Seconds as milliseconds, or n/a where there is no figure (a run too short to sample its CPU)."""
+    return "n/a" if seconds is None else f"{1e3 * seconds:.{digits}f}"

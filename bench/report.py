@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .common import verdict
+from .common import ms_or_na, verdict
 
 
 def _s(x: Optional[float], unit: str = "s", digits: int = 2) -> str:
@@ -125,7 +125,7 @@ def b8_rows(b8: Optional[Dict[str, Any]]) -> List[List[str]]:
         floor = ""
         if "blocked_pct_of_step" in f:
             cpu = f.get("cpu_over_floor")
-            floor = (f"; blocked on the copy's acks {f['blocked_pct_of_step']:.1f}% of the step; copy CPU {1e3 * f['copy_cpu_s_per_step']:.0f} ms/step vs "
+            floor = (f"; blocked on the copy's acks {f['blocked_pct_of_step']:.1f}% of the step; copy CPU {ms_or_na(f['copy_cpu_s_per_step'], 0)} ms/step vs "
                      f"memcpy + loopback {1e3 * f['floor_s_per_step']:.0f} ms: {'n/a' if cpu is None else f'x{cpu:.2f}'}")
         out.append([
             f"B8 copies, {r['mode']}, {r['params'] / 1e6:.1f} M, factor 1",

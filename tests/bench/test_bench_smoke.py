@@ -62,3 +62,4 @@ def test_quick_harness_writes_finite_results(tmp_path):
     assert "B1 kill" in p.stdout and "B6 simulated" in p.stdout
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "latest.png").stat().st_size > 10_000
+
