@@ -21,4 +21,4 @@ if [ "$(id -u)" = 0 ]; then
     trap 'bash tests/slurm_cluster/down.sh >/dev/null 2>&1 || echo "tests/run.sh: down.sh failed; stop the mini-cluster by hand" >&2' EXIT
   fi
 fi
-"$PY" -m pytest -q -ra "$@"
+"$PY" -m pytest -q -ra --durations=40 "$@"

@@ -1,4 +1,5 @@
-"""The benchmark harness still works: ``python -m bench --quick`` into a temporary folder.
+"""The benchmark harness still works: ``python -m bench --quick`` into a temporary folder (every
+section, B7's coordinator under simulated ranks among them).
 
 Benchmarks are not timed tests: nothing here asserts a duration or a ratio, only that every
 section ran, that the JSON holds the keys issue 5 asks for and that each number is finite.
@@ -60,6 +61,23 @@ def test_quick_harness_writes_finite_results(tmp_path):
     if res["b2"]["status"] == "ok":
         assert res["b2"]["torchft_version"] == res["machine"]["torchft"] is not None
     assert "B1 kill" in p.stdout and "B6 simulated" in p.stdout
+    _b7_behaves(res["b7"], p.stdout)
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "latest.png").stat().st_size > 10_000
 
+
+def _b7_behaves(b7: dict, stdout: str) -> None:
+    """B7: the real coordinator under a few hundred simulated ranks, with a node's relay per
+    simulated node and without. What is asserted is behaviour: every rank of the burst got in,
+    nobody alive was declared dead, the closed connection was recovered from, and every figure
+    B7 reports is there and finite."""
+    assert sorted(pt["control"] for pt in b7["points"]) == ["node", "rank"]  # with relays and without, side by side
+    for pt in b7["points"]:
+        assert pt["ranks"] == 300 and pt["processes"] >= 2
+        assert pt["startup_lost"] == 0 and pt["false_failures"] == 0, pt
+        assert pt["status"] == "cancelled"  # ended by the harness after the recovery
+        for key in ("cpu_pct", "hb_delay_p99_ms", "detect_ms", "abort_ms", "assign_ms", "reformed_ms", "resumed_ms", "startup_s"):
+            assert isinstance(pt[key], (int, float)) and math.isfinite(pt[key]) and pt[key] >= 0, (key, pt[key])
+        assert pt["detect_ms"] <= pt["abort_ms"] <= pt["assign_ms"] <= pt["resumed_ms"], pt
+    assert b7["metrics"]["step_log_entries"] <= 256 and b7["metrics"]["ratio_1m_vs_1k"] > 0
+    assert "| 300 | node |" in stdout and "| 300 | rank |" in stdout
