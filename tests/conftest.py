@@ -38,3 +38,14 @@ def job(tmp_path):
         return run_job(tmp_path / f"run{next(counter)}", *overrides, timeout_s=timeout_s, env=env)
 
     return run
+
+
+# Fixtures that start a real job (coordinator and worker processes): a test that uses one is an
+# end-to-end test, marked so without being told, so that ``pytest -m "not e2e"`` is the fast tier.
+JOB_FIXTURES = frozenset({"job", "baseline", "killed_run", "finished", "live_job", "start_job", "ema_baseline"})
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if JOB_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)

@@ -17,7 +17,7 @@ import pytest
 
 from ckpt_testlib import REPO, run_job
 
-pytestmark = [pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 MLP = ("task=mlp", "cluster.heartbeat_interval_s=0.25", "cluster.heartbeat_timeout_s=1.5")
 
