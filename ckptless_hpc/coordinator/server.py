@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
 import logging
 import os
 import socket
@@ -401,12 +402,16 @@ class Coordinator(Channel, Ending):
         log.info("%s", self.layout.describe())
         log.info("%s", global_batch(self.cfg))
         self._emit("layout", mode=self.layout.mode, survives_node_losses=self.layout.survives(), describe=self.layout.describe())
+        # the store's module imports torch (~1.5 CPU-s): in a thread while the nodes start (a local
+        # node's start waits for the zygote's own torch import: launch/local.py)
+        store_module = self._loop.run_in_executor(None, importlib.import_module, "ckptless_hpc.rendezvous")
         active, spare = await self._off_loop(self.launcher.initial_nodes, self.bad_nodes)
         for name in active:
             await self._start_node(name, "active")
         for name in spare:
             await self._start_node(name, "spare")
         self.members.active_nodes = set(active)
+        await store_module
         self._make_store()
         self._emit("store_ready", address=self.store_addr)
         self._store_ready.set()

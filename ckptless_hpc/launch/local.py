@@ -2,23 +2,172 @@
 
 Killing a node kills its process group, as losing a machine kills all its ranks. A failed node
 is never reused: replacements start as new nodes with new names.
+
+Workers are forked by the job's zygote (``worker/zygote.py``), which imported torch once;
+``CKPTLESS_LOCAL_FORK=0`` starts each one as its own ``python -m ckptless_hpc.worker`` instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..coordinator.continuity import Identity, proc_identity
 from ..protocol import SECRET_ENV
+from ..worker import zygote
 from .base import Launcher
 
+log = logging.getLogger(__name__)
+
 ExitCallback = Callable[[str, int], None]
+FORK_ENV = "CKPTLESS_LOCAL_FORK"  # "0": no zygote, a process exec'd per worker
+FORK_TIMEOUT_S = 120.0  # a worker the zygote has not forked by then is an error, not a wait
+
+
+class Forked:
+    """A worker forked by the zygote, as the launcher uses an ``asyncio.subprocess.Process``:
+    ``pid``, ``returncode`` (None while alive), ``wait()``, ``send_signal()``."""
+
+    def __init__(self, pid: int, exited: "asyncio.Future[Optional[int]]") -> None:
+        self.pid = pid
+        self.returncode: Optional[int] = None
+        self._exited = exited
+
+    def _exit(self, rc: Optional[int]) -> None:
+        if not self._exited.done():
+            self.returncode = rc
+            self._exited.set_result(rc)
+
+    async def wait(self) -> Optional[int]:
+        return await asyncio.shield(self._exited)  # a cancelled waiter leaves the others theirs
+
+    def send_signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)  # ProcessLookupError once it is gone, as asyncio's
+
+
+class Zygote:
+    """The launcher's end of the job's zygote: started at once (its torch import overlaps the
+    coordinator's start-up), a request per worker, the replies read on the event loop."""
+
+    def __init__(self, env: Dict[str, str], log_dir: str, target: Optional[str] = None) -> None:
+        self.log = os.path.join(log_dir, "zygote.log")
+        argv = [sys.executable, "-m", "ckptless_hpc.worker.zygote", *(["--target", target] if target else []), zygote.TITLE_ROOM]  # target: the tests' fake worker
+        with open(self.log, "ab") as err:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
+                process_group=0,  # not in the coordinator's group: a Ctrl-C is the coordinator's to handle
+            )
+        self._out = self.proc.stdout.fileno()
+        os.set_blocking(self._out, False)
+        self._buf = b""
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._next = 0
+        self._forks: Dict[int, "asyncio.Future[Forked]"] = {}  # request id -> its worker, once forked
+        self._children: Dict[int, Forked] = {}
+        self.lost: Optional[str] = None
+        self._closing = False
+
+    def _attach(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop = loop
+            loop.add_reader(self._out, self._readable)
+
+    async def fork(self, argv: List[str], log_path: str, pgid: int, what: str) -> Forked:
+        """Fork a worker with the worker arguments ``argv``, stdout and stderr to ``log_path``,
+        leading a new process group (``pgid`` 0) or joining ``pgid``."""
+        if self.lost:
+            raise RuntimeError(f"cannot start {what}: {self.lost}")
+        self._attach()
+        assert self._loop is not None
+        self._next += 1
+        rid = self._next
+        forked = self._forks[rid] = self._loop.create_future()
+        try:
+            os.write(self.proc.stdin.fileno(), zygote.encode({"id": rid, "argv": argv, "log": log_path, "pgid": pgid}))
+            return await asyncio.wait_for(forked, FORK_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"cannot start {what}: the worker zygote (pid {self.proc.pid}) did not fork it within {FORK_TIMEOUT_S:.0f}s; see {self.log}") from None
+        except BrokenPipeError:
+            self._lose()
+            raise RuntimeError(f"cannot start {what}: {self.lost}") from None
+        finally:
+            self._forks.pop(rid, None)
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self._out, 65536)
+        except BlockingIOError:
+            return
+        if not data:
+            self._lose()
+            return
+        *lines, self._buf = (self._buf + data).split(b"\n")
+        for line in lines:
+            msg = json.loads(line)
+            if "exit" in msg:
+                child = self._children.pop(int(msg["exit"]), None)
+                if child is not None:
+                    child._exit(int(msg["rc"]))
+            else:  # registered at once: its exit may follow in this very read
+                pid, fut = int(msg["pid"]), self._forks.get(int(msg["id"]))
+                if fut is None or fut.done():  # its start timed out: nobody would watch it
+                    os.kill(pid, signal.SIGKILL)
+                    continue
+                child = self._children[pid] = Forked(pid, fut.get_loop().create_future())
+                fut.set_result(child)
+
+    def _lose(self) -> None:
+        """The zygote is gone: said loudly; starts fail from now on, and the exits of the workers it
+        forked are watched from /proc (their exit codes died with it)."""
+        if self._loop is not None:
+            self._loop.remove_reader(self._out)
+        if self._closing or self.lost:
+            return
+        try:  # its pipe closed as it exited
+            rc: Optional[int] = self.proc.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            rc = None
+        self.lost = f"the worker zygote (pid {self.proc.pid}) exited unexpectedly (code {rc}); see {self.log}"
+        log.error("%s: no worker can be started any more", self.lost)
+        for fut in self._forks.values():
+            if not fut.done():
+                fut.set_exception(RuntimeError(self.lost))
+        for child in self._children.values():
+            asyncio.ensure_future(self._poll_exit(child))
+        self._children.clear()
+
+    @staticmethod
+    async def _poll_exit(child: Forked) -> None:
+        while proc_identity(child.pid) is not None:
+            await asyncio.sleep(0.5)
+        child._exit(None)
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """EOF on its requests: it exits (killed if it has not after ``timeout_s``)."""
+        self._closing = True
+        if self._loop is not None:
+            self._loop.remove_reader(self._out)
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        for _ in range(int(timeout_s / 0.05)):
+            if self.proc.poll() is not None:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            self.proc.kill()
+        self.proc.wait()
+        self.proc.stdout.close()
 
 
 class LocalLauncher(Launcher):
@@ -39,6 +188,7 @@ class LocalLauncher(Launcher):
         self.refills = 0
         self.batch_node: Optional[str] = None  # the coordinator runs in this process, on no node
         os.makedirs(log_dir, exist_ok=True)
+        self._zygote = Zygote(self._env(), log_dir) if os.environ.get(FORK_ENV, "1") != "0" else None
 
     @classmethod
     def from_config(cls, cfg: Any, run_dir: str, secret: str) -> "LocalLauncher":
@@ -76,9 +226,14 @@ class LocalLauncher(Launcher):
     def log_path(self, worker: str) -> str:
         return os.path.join(self.log_dir, f"{worker}.log")
 
-    async def start_node(self, name: str, workers: int, coordinator: str, on_exit: ExitCallback) -> List[str]:
+    def _env(self) -> Dict[str, str]:
+        """The workers' environment (the zygote's too: a forked worker inherits it)."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.threads))
         env[SECRET_ENV] = self.secret
+        return env
+
+    async def start_node(self, name: str, workers: int, coordinator: str, on_exit: ExitCallback) -> List[str]:
+        env = self._env()
         started = []
         pgid = 0  # the node's first process leads a new process group; the others join it
         via: List[str] = []
@@ -88,15 +243,18 @@ class LocalLauncher(Launcher):
             path = os.path.join(self._relay_dir, f"{name}.sock")
             argv = [sys.executable, "-m", "ckptless_hpc.relay", "--coordinator", coordinator, "--node", name, "--path", path, "--interval", str(self.relay_interval_s), "--host", self.bind_host]
             with open(os.path.join(self.log_dir, f"relay-{name}.log"), "ab") as out:
-                proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=0)
-            self._relays[name] = proc
-            pgid = proc.pid
+                relay = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=0)
+            self._relays[name] = relay
+            pgid = relay.pid
             via = ["--relay", path]
         for j in range(workers):
             wid = f"{name}.{j}"
-            argv = [sys.executable, "-m", "ckptless_hpc.worker", "--coordinator", coordinator, "--node", name, "--local-index", str(j), "--host", self.bind_host, *via]
-            with open(self.log_path(wid), "ab") as out:
-                proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=pgid)
+            args = ["--coordinator", coordinator, "--node", name, "--local-index", str(j), "--host", self.bind_host, *via]
+            if self._zygote is not None:
+                proc: Any = await self._zygote.fork(args, self.log_path(wid), pgid, f"worker {wid} of node {name}")
+            else:
+                with open(self.log_path(wid), "ab") as out:
+                    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "ckptless_hpc.worker", *args, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=pgid)
             pgid = pgid or proc.pid
             self._procs[wid] = proc
             self._launched[wid] = proc_identity(proc.pid)
@@ -141,3 +299,5 @@ class LocalLauncher(Launcher):
                 await asyncio.wait_for(t, timeout=5)
             except asyncio.TimeoutError:
                 pass
+        if self._zygote is not None:  # every worker is gone: so is the zygote's purpose
+            await self._zygote.close()
