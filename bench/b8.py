@@ -163,4 +163,3 @@ def headline(res: Any) -> Dict[str, Any]:
         "b8_blocked_pct_of_step_f1": floor.get("blocked_pct_of_step"),
         "b8_copy_cpu_over_floor_f1": floor.get("cpu_over_floor"),
     }
-
