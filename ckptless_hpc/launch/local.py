@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 ExitCallback = Callable[[str, int], None]
 FORK_ENV = "CKPTLESS_LOCAL_FORK"  # "0": no zygote, a process exec'd per worker
 FORK_TIMEOUT_S = 120.0  # a worker the zygote has not forked by then is an error, not a wait
+NO_FORK_HINT = f"HINT: {FORK_ENV}=0 starts each worker as its own process, without the zygote"
 
 
 class Forked:
@@ -95,7 +96,7 @@ class Zygote:
             os.write(self.proc.stdin.fileno(), zygote.encode({"id": rid, "argv": argv, "log": log_path, "pgid": pgid}))
             return await asyncio.wait_for(forked, FORK_TIMEOUT_S)
         except asyncio.TimeoutError:
-            raise RuntimeError(f"cannot start {what}: the worker zygote (pid {self.proc.pid}) did not fork it within {FORK_TIMEOUT_S:.0f}s; see {self.log}") from None
+            raise RuntimeError(f"cannot start {what}: the worker zygote (pid {self.proc.pid}) did not fork it within {FORK_TIMEOUT_S:.0f}s; see {self.log}. {NO_FORK_HINT}") from None
         except BrokenPipeError:
             self._lose()
             raise RuntimeError(f"cannot start {what}: {self.lost}") from None
@@ -136,7 +137,7 @@ class Zygote:
             rc: Optional[int] = self.proc.wait(timeout=1)
         except subprocess.TimeoutExpired:
             rc = None
-        self.lost = f"the worker zygote (pid {self.proc.pid}) exited unexpectedly (code {rc}); see {self.log}"
+        self.lost = f"the worker zygote (pid {self.proc.pid}) exited unexpectedly (code {rc}); see {self.log}. {NO_FORK_HINT}"
         log.error("%s: no worker can be started any more", self.lost)
         for fut in self._forks.values():
             if not fut.done():
@@ -160,13 +161,11 @@ class Zygote:
             self.proc.stdin.close()
         except BrokenPipeError:
             pass
-        for _ in range(int(timeout_s / 0.05)):
-            if self.proc.poll() is not None:
-                break
-            await asyncio.sleep(0.05)
-        else:
+        try:
+            await asyncio.to_thread(self.proc.wait, timeout_s)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
-        self.proc.wait()
+            self.proc.wait()
         self.proc.stdout.close()
 
 
