@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ckptless_hpc.protocol import SECRET_ENV, new_secret
+from ckptless_hpc.control.wire import SECRET_ENV, new_secret
 
 from .common import REPO
 

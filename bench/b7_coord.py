@@ -24,7 +24,7 @@ from ckptless_hpc.coordinator.server import Coordinator
 from ckptless_hpc.launch.base import Launcher
 from ckptless_hpc.launch.run import setup_logging
 from ckptless_hpc.metrics import DelayHistogram
-from ckptless_hpc.protocol import load_secret
+from ckptless_hpc.control.wire import load_secret
 
 
 class SimLauncher(Launcher):

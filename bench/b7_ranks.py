@@ -1,7 +1,7 @@
 """``python -m bench.b7_ranks``: one process carrying many simulated ranks for B7.
 
 Each simulated rank is one real control connection doing the worker's real protocol: the
-HMAC handshake (paced and retried as ``protocol.connect_paced`` does), hello, built, a
+HMAC handshake (paced and retried as ``wire.connect_paced`` does), hello, built, a
 heartbeat every interval, assign -> joining -> ready, abort -> held, fetched when it is behind,
 rank 0's per-step metrics, done, stop. It trains nothing: the step is a shared clock, ``--rate``
 steps per second since ``--epoch`` (so that ranks in different processes agree, as ranks in one
@@ -12,7 +12,7 @@ jobs see too). SIGUSR1 closes the control
 connection of ``--victim`` (a failed rank). Writes what it saw to ``--out`` (JSON).
 
 ``--control node`` (``cluster.control=node``): each simulated node is one real relay
-connection (``ckptless_hpc.relay.Upstream``, the relay process's own upstream code: batched
+connection (``ckptless_hpc.control.relay.Upstream``, the relay process's own upstream code: batched
 frames, one heartbeat summary per interval) carrying its ranks in-process, where the relay
 process would read them from the node-local sockets of real workers; the victim's closed
 connection is what the relay then reports (``gone``).
@@ -30,8 +30,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from ckptless_hpc import protocol
-from ckptless_hpc.relay import Upstream
+from ckptless_hpc.control import wire
+from ckptless_hpc.control.relay import Upstream
 
 SHA = "0" * 64
 PID = os.getpid()
@@ -67,7 +67,7 @@ class Rank:
             if not self.gone and not self.stopped:
                 self.up.forward_entry(self.wid, f'["{self.wid}",{body},"t":{time.time()}}}]'.encode())
         elif self.writer is not None and not self.writer.is_closing():
-            self.writer.write(protocol.frame(f'{body},"t":{time.time()}}}'.encode()))
+            self.writer.write(wire.frame(f'{body},"t":{time.time()}}}'.encode()))
 
     def send(self, msg: Dict[str, Any]) -> None:
         if self.up is not None:
@@ -76,7 +76,7 @@ class Rank:
                 self.up.forward(self.wid, msg)
         elif self.writer is not None and not self.writer.is_closing():
             msg["t"] = time.time()
-            self.writer.write(protocol.encode(msg))
+            self.writer.write(wire.encode(msg))
 
 
 class Sim:
@@ -84,7 +84,7 @@ class Sim:
         self.a, self.ranks = a, ranks
         self.host, _, port = a.address.rpartition(":")
         self.port = int(port)
-        self.secret = protocol.load_secret()
+        self.secret = wire.load_secret()
         self.steps = 1 << 40
         self.rng = random.Random(a.index)
         self.assigns: Dict[int, List[float]] = {}  # gen -> [first, last, count] received
@@ -97,7 +97,7 @@ class Sim:
     async def _attempt(self, r: Rank, wait_s: float) -> None:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), wait_s)
         try:
-            await protocol.aclient_handshake(reader, writer, self.secret, wait_s)
+            await wire.aclient_handshake(reader, writer, self.secret, wait_s)
         except BaseException:
             writer.close()
             raise
@@ -107,13 +107,13 @@ class Sim:
         deadline = time.monotonic() + self.a.connect_timeout
         while time.monotonic() < deadline:
             try:
-                await self._attempt(r, protocol.attempt_wait_s(r.attempts))
+                await self._attempt(r, wire.attempt_wait_s(r.attempts))
                 self.t_connected.append(time.time())
                 return True
             except (asyncio.TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError):
                 pass
             r.attempts += 1
-            await asyncio.sleep(protocol.backoff_s(r.attempts, self.rng))
+            await asyncio.sleep(wire.backoff_s(r.attempts, self.rng))
         return False
 
     # ---------------------------------------------------------------- one rank's messages
@@ -124,7 +124,7 @@ class Sim:
         closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
         # frames handled as they arrive (the coordinator's own reader): the simulated ranks must
         # cost as little CPU as possible, since they share this machine's cores with it
-        protocol.FrameProtocol(lambda m: self.on_message(r, m), lambda why: closed.done() or closed.set_result(why)).take_over(r.reader, r.writer)
+        wire.FrameProtocol(lambda m: self.on_message(r, m), lambda why: closed.done() or closed.set_result(why)).take_over(r.reader, r.writer)
         await closed
         r.writer.close()
         r.writer = None

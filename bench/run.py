@@ -4,7 +4,7 @@ B1 recovery downtime (kill, hang) at two model sizes vs a real checkpoint-restar
 B2 the same kill under TorchFT (optional package); B3 steady-state step time vs plain DDP;
 B4 peer state transfer vs raw loopback TCP; B5 downtime at 2, 4, 8 workers; B6 goodput with
 failures every ``interval`` seconds, locally for both systems and extrapolated to 1k-100k GPUs
-by ``ckptless_hpc.sim``. Prints a table; writes ``DIR/latest.json`` and ``DIR/latest.png``.
+by ``ckptless_hpc.tools.sim``. Prints a table; writes ``DIR/latest.json`` and ``DIR/latest.png``.
 Run directories of every job go to ``DIR/tmp`` (not committed).
 """
 
@@ -26,7 +26,7 @@ if __package__ in (None, ""):  # python bench/run.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "bench"
 
-from ckptless_hpc import sim  # noqa: E402
+from ckptless_hpc.tools import sim  # noqa: E402
 
 from . import b7 as b7lib, b8 as b8lib, ckpt_restart, figures, report, slurm_path, torchft_bench, transfer  # noqa: E402
 from .common import REPO, SIZES, BenchError, JobRun, cpu_per_step, lm_params, machine_info, median, run_ckptless, spread, task_overrides, torchft_version, verdict  # noqa: E402
@@ -448,7 +448,7 @@ class Bench:
         )
         points = sim.sweep(costs, self.plan.sim_gpus)
         at16k = sim.compare(16384, costs)
-        log("B6 at scale (ckptless_hpc.sim, Llama 3 failure rate):\n" + sim.format_table(points))
+        log("B6 at scale (ckptless_hpc.tools.sim, Llama 3 failure rate):\n" + sim.format_table(points))
         return {"source_size": pt["size"], "costs": costs.__dict__, "points": [q.as_dict() for q in points], "at_16k": at16k.as_dict()}
 
 

@@ -43,12 +43,12 @@ def _state(nbytes: int):
 
 def serve(nbytes: int) -> None:
     """The source process: a StateServer and a raw TCP sender over the same tensors."""
-    from ckptless_hpc import protocol
+    from ckptless_hpc.control import wire
     from ckptless_hpc.state.snapshot import byte_view
     from ckptless_hpc.state.transfer import StateServer
 
     entries = _state(nbytes)
-    secret = protocol.load_secret()
+    secret = wire.load_secret()
     server = StateServer("127.0.0.1", secret, lambda gen, step, shard=None, **_: (entries, {"step": step, "param_groups": []}))
     raw = socket.create_server(("127.0.0.1", 0))
 
@@ -81,11 +81,11 @@ def _raw_fetch(port: int, buf: memoryview) -> float:
 @contextlib.contextmanager
 def _source(nbytes: int, secret: str) -> Iterator[Tuple[int, int]]:
     """The source process (``serve``) of ``nbytes``: yields its (state port, raw TCP port)."""
-    from ckptless_hpc import protocol
+    from ckptless_hpc.control import wire
 
     from .common import REPO
 
-    env = dict(os.environ, **{protocol.SECRET_ENV: secret}, OMP_NUM_THREADS="1")
+    env = dict(os.environ, **{wire.SECRET_ENV: secret}, OMP_NUM_THREADS="1")
     src = subprocess.Popen([sys.executable, "-m", "bench.transfer", "serve", str(nbytes)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     try:
         line = src.stdout.readline().decode().split()
@@ -104,7 +104,7 @@ def floor(nbytes: int, reps: int) -> Dict[str, Any]:
     repeated to ~64 MB per timing."""
     import torch
 
-    from ckptless_hpc import protocol
+    from ckptless_hpc.control import wire
 
     nbytes = max(4, (nbytes // 4) * 4)
     src_t, dst_t = torch.ones(nbytes // 4), torch.zeros(nbytes // 4)
@@ -117,7 +117,7 @@ def floor(nbytes: int, reps: int) -> Dict[str, Any]:
             dst_t.copy_(src_t)
         copy_s.append((time.monotonic() - t0) / loops)
     buf = memoryview(bytearray(nbytes))
-    with _source(nbytes, protocol.new_secret()) as (_, raw_port):
+    with _source(nbytes, wire.new_secret()) as (_, raw_port):
         _raw_fetch(raw_port, buf)
         wire_s = [_raw_fetch(raw_port, buf) for _ in range(reps)]
     return {"bytes": nbytes, "memcpy_s": min(copy_s), "loopback_s": min(wire_s), "reps": reps}
@@ -127,7 +127,7 @@ def measure(nbytes: int, reps: int) -> Dict[str, Any]:
     """Throughputs in GB/s (1e9 bytes), medians of ``reps`` alternating runs."""
     import torch
 
-    from ckptless_hpc import protocol
+    from ckptless_hpc.control import wire
     from ckptless_hpc.state import transfer as tr
 
     from .common import median
@@ -138,7 +138,7 @@ def measure(nbytes: int, reps: int) -> Dict[str, Any]:
         kw = {"arena": arena} if arena is not None else {}
         return tr.fetch_state("127.0.0.1", state_port, secret, 0, 1, 120, **kw)
 
-    secret = protocol.new_secret()
+    secret = wire.new_secret()
     with _source(nbytes, secret) as (state_port, raw_port):
         nbytes = (nbytes // 4) * 4
         buf = memoryview(bytearray(nbytes))  # preallocated and touched once: the wire alone
@@ -195,14 +195,14 @@ def measure_sources(nbytes: int, reps: int, counts: Sequence[int] = (1, 2, 4)) -
     source processes, fetched in disjoint groups from ``k`` of them at once, ``k`` in ``counts``,
     alternated ``reps`` times. On one machine every source shares the same cores and loopback: the
     figure says what the parallel path costs or gives here, not what separate links would give."""
-    from ckptless_hpc import protocol
+    from ckptless_hpc.control import wire
     from ckptless_hpc.state import fetch as fe
     from ckptless_hpc.state import transfer as tr
 
     from .common import REPO, median
 
-    secret = protocol.new_secret()
-    env = dict(os.environ, **{protocol.SECRET_ENV: secret}, OMP_NUM_THREADS="1")
+    secret = wire.new_secret()
+    env = dict(os.environ, **{wire.SECRET_ENV: secret}, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-m", "bench.transfer", "serve", str(nbytes)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env) for _ in range(max(counts))]
     try:
         sources = []

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from hydra.experimental.callback import Callback
 
 from .config import ConfigError, register_configs, validate
-from .record import make_private
+from .rundir.record import make_private
 
 register_configs()
 
@@ -72,7 +72,7 @@ TOOLS = ("report", "status", "logs", "cancel", "export")
 def entry() -> None:
     """``ckptless-hpc [overrides]`` runs a job; ``ckptless-hpc report|status|logs|cancel|export ...`` inspects one."""
     if len(sys.argv) > 1 and sys.argv[1] in TOOLS:
-        from .tools import main as tools_main
+        from .tools.commands import main as tools_main
 
         sys.exit(tools_main(sys.argv[1:]))
     try:

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from .record import dumps, write_failure
+from .rundir.record import dumps, write_failure
 
 
 class EventLog:

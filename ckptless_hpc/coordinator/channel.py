@@ -8,8 +8,8 @@ import asyncio
 import logging
 from typing import Any, Dict, Iterable, List
 
-from .. import protocol
-from ..relay import DOWN, Batcher, entry
+from ..control import wire
+from ..control.relay import DOWN, Batcher, entry
 from . import host, messages
 from .membership import WorkerRec
 
@@ -25,13 +25,13 @@ class Channel:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         try:
-            await protocol.aserver_handshake(reader, writer, self.secret, timeout_s=5.0)
-            hello = await asyncio.wait_for(protocol.arecv_msg(reader), 30.0)
+            await wire.aserver_handshake(reader, writer, self.secret, timeout_s=5.0)
+            hello = await asyncio.wait_for(wire.arecv_msg(reader), 30.0)
             link = self._accept_relay(hello, writer) if hello.get("type") == "relay" else None
             if link is None:
                 rec = self._accept_hello(hello, writer)
                 await self._store_ready.wait()
-        except (protocol.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, KeyError, ValueError, TypeError) as e:
+        except (wire.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, KeyError, ValueError, TypeError) as e:
             self._reject(peer, e)
             writer.close()
             return
@@ -39,7 +39,7 @@ class Channel:
             return await self._serve_relay(link, reader, writer)
         # it says nothing more until it has its config: from here on, frames are read as they arrive
         closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
-        frames = rec.reader = protocol.FrameProtocol(lambda m: self._on_frame(rec, m), lambda why: closed.done() or closed.set_result(why))
+        frames = rec.reader = wire.FrameProtocol(lambda m: self._on_frame(rec, m), lambda why: closed.done() or closed.set_result(why))
         frames.take_over(reader, writer)
         self._welcome(rec)
         why = await closed
@@ -56,7 +56,7 @@ class Channel:
         nobody this job started, or is already connected)."""
         wid = f"{hello.get('node')}.{hello.get('local')}"
         if hello.get("type") != "hello" or wid not in self.workers or self.workers[wid].writer is not None:
-            raise protocol.ProtocolError(f"unexpected hello {hello!r}")
+            raise wire.ProtocolError(f"unexpected hello {hello!r}")
         rec = self.workers[wid]
         rec.writer, rec.pid, rec.host = writer, int(hello["pid"]), str(hello["host"])
         rec.last_seen, rec.seen_stall = self.clock(), self.stalls.stalled_s
@@ -75,9 +75,9 @@ class Channel:
     def _accept_relay(self, first: Dict[str, Any], writer: asyncio.StreamWriter) -> "RelayLink":
         node = str(first.get("node"))
         if f"{node}.0" not in self.workers:  # workers are <node>.<local index>
-            raise protocol.ProtocolError(f"a relay for node {node!r}, which this job did not start")
+            raise wire.ProtocolError(f"a relay for node {node!r}, which this job did not start")
         if node in self.relays and not self.relays[node].writer.is_closing():
-            raise protocol.ProtocolError(f"a second relay for node {node!r} while its first is connected")
+            raise wire.ProtocolError(f"a second relay for node {node!r} while its first is connected")
         self._emit("relay_connected", node=node, pid=first.get("pid"), host=first.get("host"))
         link = self.relays[node] = RelayLink(node, writer)
         return link
@@ -91,7 +91,7 @@ class Channel:
     async def _serve_relay(self, link: "RelayLink", reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         node = link.node
         closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
-        link.reader = protocol.FrameProtocol(lambda m: self._on_relay_frame(link, m), lambda why: closed.done() or closed.set_result(why))
+        link.reader = wire.FrameProtocol(lambda m: self._on_relay_frame(link, m), lambda why: closed.done() or closed.set_result(why))
         link.reader.take_over(reader, writer)
         why = await closed
         for rec in list(link.recs.values()):
@@ -107,7 +107,7 @@ class Channel:
                 raise ValueError(f"unexpected {kind!r} frame")
             for wid, m in msg["m"]:
                 self._on_relayed(link, str(wid), m)
-        except (protocol.ProtocolError, KeyError, ValueError, TypeError) as e:
+        except (wire.ProtocolError, KeyError, ValueError, TypeError) as e:
             log.error("gen=%s node=%s: malformed frame from the node's relay (%s: %s); closing it", self.gen, link.node, type(e).__name__, e)
             self._emit("connection_rejected", node=link.node, error=f"{type(e).__name__}: {e}", port="relay")
             link.writer.close()
@@ -116,11 +116,11 @@ class Channel:
         if m["type"] == "hello":
             try:
                 if m.get("node") != link.node or wid != f"{m.get('node')}.{m.get('local')}":
-                    raise protocol.ProtocolError(f"node {link.node}'s relay spoke for {wid} as {m.get('node')}.{m.get('local')}")
+                    raise wire.ProtocolError(f"node {link.node}'s relay spoke for {wid} as {m.get('node')}.{m.get('local')}")
                 rec = self._accept_hello(m, RelayedWriter(link, wid))
-            except (protocol.ProtocolError, KeyError, ValueError, TypeError) as e:  # that worker is refused, not its node
+            except (wire.ProtocolError, KeyError, ValueError, TypeError) as e:  # that worker is refused, not its node
                 self._reject(f"{wid} through node {link.node}'s relay", e)
-                link.put(wid, protocol.encode_body({"type": "dropped", "why": f"refused: {e}"[:500]}))
+                link.put(wid, wire.encode_body({"type": "dropped", "why": f"refused: {e}"[:500]}))
                 return
             link.recs[wid] = rec
             rec.reader = link.reader
@@ -178,8 +178,8 @@ class Channel:
             rec.outbox.append(msg)
             return
         try:
-            frame = protocol.encode(msg)
-        except protocol.ProtocolError as e:  # a bug, not the peer's fault: say so and keep the job alive
+            frame = wire.encode(msg)
+        except wire.ProtocolError as e:  # a bug, not the peer's fault: say so and keep the job alive
             log.error("gen=%s rank=%s node=%s: %s %s not sent: %s. HINT: this is a coordinator bug; please report it", self.gen, rec.rank, rec.node, msg.get("type"), rec.wid, e)
             self._emit("send_refused", rec, type=msg.get("type"), error=str(e))
             return
@@ -187,7 +187,7 @@ class Channel:
 
     def _broadcast(self, wids: Iterable[str], msg: Dict[str, Any]) -> None:
         """The same message to many workers: encoded once; one entry per node's relay."""
-        frame = protocol.encode(msg)
+        frame = wire.encode(msg)
         relayed: Dict[RelayLink, List[str]] = {}
         for wid in wids:
             rec = self.workers[wid]
@@ -209,7 +209,7 @@ class Channel:
         if isinstance(rec.writer, RelayedWriter):
             rec.writer.drop(why)
             return
-        self._write(rec, protocol.encode({"type": "dropped", "why": why[:500]}))
+        self._write(rec, wire.encode({"type": "dropped", "why": why[:500]}))
         rec.writer.close()
 
     def _write(self, rec: WorkerRec, frame: bytes) -> None:
@@ -268,7 +268,7 @@ class RelayedWriter:
 
     def drop(self, why: str) -> None:
         if not self._closed:
-            self.link.put(self.wid, protocol.encode_body({"type": "dropped", "why": why[:500]}))
+            self.link.put(self.wid, wire.encode_body({"type": "dropped", "why": why[:500]}))
             self.link.recs.pop(self.wid, None)
             self._closed = True
 

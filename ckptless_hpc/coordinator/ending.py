@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 
 from ..config import fault_list
 from ..metrics import goodput
-from ..record import PRIVATE_DIR_MODE, RecordError, write_failure, write_json
+from ..rundir.record import PRIVATE_DIR_MODE, RecordError, write_failure, write_json
 from ..state.placement import plan_shards
 from .inbox import Exported, ExportFailed, LoadFailed, Message, NonFinite, PeriodicFailed, PeriodicSaved, Saved, SaveFailed, StartupError
 from .membership import WorkerRec

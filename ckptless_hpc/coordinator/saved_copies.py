@@ -11,7 +11,7 @@ import re
 import shutil
 from typing import Any, Dict, List, Optional
 
-from ..record import RecordError, write_json
+from ..rundir.record import RecordError, write_json
 
 log = logging.getLogger("ckptless_hpc.coordinator")
 _STEP = re.compile(r"^step(\d+)$")

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Set
 
 from omegaconf import OmegaConf
 
-from .. import protocol
+from ..control import wire
 from ..config import global_batch
 from . import continuity, host, inbox, messages
 from .channel import Channel, Endpoints
@@ -34,14 +34,14 @@ from .inbox import Built, Done, Eval, FaultFired, Fetched, Held, Joining, Metric
 from ..launch import background
 from ..metrics import DelayHistogram, EventLog, Recovery, StepLog, TensorBoardSink
 from ..progress import ConsoleEcho, Progress
-from ..record import Failures, RecordError
+from ..rundir.record import Failures, RecordError
 from ..faults import KILLS, faults_from_config, spare_fault_due
 from .detector import StallMeter, StragglerWatch, StragglerWindow, silent_workers
 from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec, loss_kind
 from .planner import by_node, initial_ranks
 from .recovery import Abort, Assign, Emit, Exclude, GiveUp, Lose, NewGeneration, Options as RecoveryOptions, RecoveryMachine, Reformed, ReleaseCommands
 from .saved_copies import SavedCopies
-from .restart import Restart, shard_copy as _shard_copy, write as write_restart
+from ..rundir.restart import Restart, shard_copy as _shard_copy, write as write_restart
 from .sharding import Layout
 from .step_feed import Resumed, StepFeed
 from .tally import Arrivals
@@ -380,7 +380,7 @@ class Coordinator(Channel, Ending):
 
     def _make_store(self) -> None:
         """The rendezvous store (authenticated, bound to cluster.bind_host only: rendezvous.py)."""
-        from ..rendezvous import StoreServer
+        from ..control.rendezvous import StoreServer
 
         loop = self._loop
         self.store = StoreServer(self.host, self.secret, on_reject=lambda peer, err: loop.call_soon_threadsafe(self._store_rejected, peer, err))
@@ -393,7 +393,7 @@ class Coordinator(Channel, Ending):
         c = self.cfg.cluster
         self._loop = asyncio.get_running_loop()
         self._store_ready = asyncio.Event()
-        self.host = protocol.resolve_host(c.bind_host)
+        self.host = wire.resolve_host(c.bind_host)
         host.raise_fd_limit((c.nodes + c.spare_nodes + c.max_refills) * self.wpn)
         server = await asyncio.start_server(self._handle, host=self.host, port=0, backlog=host.listen_backlog())
         self.address = f"{self.host}:{server.sockets[0].getsockname()[1]}"
@@ -404,7 +404,7 @@ class Coordinator(Channel, Ending):
         self._emit("layout", mode=self.layout.mode, survives_node_losses=self.layout.survives(), describe=self.layout.describe())
         # the store's module imports torch (~1.5 CPU-s): in a thread while the nodes start (a local
         # node's start waits for the zygote's own torch import: launch/local.py)
-        store_module = self._loop.run_in_executor(None, importlib.import_module, "ckptless_hpc.rendezvous")
+        store_module = self._loop.run_in_executor(None, importlib.import_module, "ckptless_hpc.control.rendezvous")
         active, spare = await self._off_loop(self.launcher.initial_nodes, self.bad_nodes)
         for name in active:
             await self._start_node(name, "active")

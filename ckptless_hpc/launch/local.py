@@ -21,7 +21,7 @@ import tempfile
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..coordinator.continuity import Identity, proc_identity
-from ..protocol import SECRET_ENV
+from ..control.wire import SECRET_ENV
 from ..worker import zygote
 from .base import Launcher
 
@@ -240,7 +240,7 @@ class LocalLauncher(Launcher):
             if self._relay_dir is None:
                 self._relay_dir = tempfile.mkdtemp(prefix="ckptless-relay-")
             path = os.path.join(self._relay_dir, f"{name}.sock")
-            argv = [sys.executable, "-m", "ckptless_hpc.relay", "--coordinator", coordinator, "--node", name, "--path", path, "--interval", str(self.relay_interval_s), "--host", self.bind_host]
+            argv = [sys.executable, "-m", "ckptless_hpc.control.relay", "--coordinator", coordinator, "--node", name, "--path", path, "--interval", str(self.relay_interval_s), "--host", self.bind_host]
             with open(os.path.join(self.log_dir, f"relay-{name}.log"), "ab") as out:
                 relay = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=0)
             self._relays[name] = relay

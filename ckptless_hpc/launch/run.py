@@ -11,8 +11,8 @@ import uuid
 from typing import Any, Dict, Optional
 
 from ..coordinator.server import Coordinator
-from ..protocol import new_secret
-from ..record import RecordFileHandler
+from ..control.wire import new_secret
+from ..rundir.record import RecordFileHandler
 
 log = logging.getLogger("ckptless_hpc")
 

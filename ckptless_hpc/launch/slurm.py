@@ -22,7 +22,7 @@ from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..coordinator.continuity import proc_identity
-from ..protocol import SECRET_ENV, new_secret
+from ..control.wire import SECRET_ENV, new_secret
 from ..slurm import commands, render
 from ..slurm.env import SlurmEnvironment
 from .background import CommandQueue
@@ -58,11 +58,11 @@ def shape_from_config(cfg: Any, run_dir: str) -> render.SlurmShape:
 
 def node_step_argv(cfg: Any, node: str, workers: int, coordinator: str, job_id: Optional[str], log_path: str) -> List[str]:
     """The srun of one node's step: its workers, and with ``cluster.control=node`` one more
-    task, the last, the node's relay (slurm/node_task.py), sharing the step's CPUs with the
+    task, the last, the node's relay (launch/node_task.py), sharing the step's CPUs with the
     workers (--overcommit) rather than asking for one of its own."""
     c = cfg.cluster
     if c.control == "node":
-        command = [sys.executable, "-m", "ckptless_hpc.slurm.node_task", "--coordinator", coordinator, "--node", node, "--interval", str(c.heartbeat_interval_s), "--host", c.bind_host]
+        command = [sys.executable, "-m", "ckptless_hpc.launch.node_task", "--coordinator", coordinator, "--node", node, "--interval", str(c.heartbeat_interval_s), "--host", c.bind_host]
         tasks, extra = workers + 1, ["--overcommit"]
     else:
         command = [sys.executable, "-m", "ckptless_hpc.worker", "--coordinator", coordinator, "--node", node, "--local-index", "slurm", "--host", c.bind_host]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..rundir import parse_events, split_attempts
+from ..rundir.read import parse_events, split_attempts
 from . import commands
 
 Event = Dict[str, Any]

@@ -25,7 +25,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ..record import PRIVATE_DIR_MODE, STATE_FILE_MODE, fsync_dir, remove_quietly, write_failure
+from ..rundir.record import PRIVATE_DIR_MODE, STATE_FILE_MODE, fsync_dir, remove_quietly, write_failure
 from .snapshot import Entries, state_sha256
 
 log = logging.getLogger("ckptless_hpc.state")

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..record import fsync_dir, remove_quietly, write_failure
+from ..rundir.record import fsync_dir, remove_quietly, write_failure
 from . import emergency
 from .snapshot import state_sha256
 

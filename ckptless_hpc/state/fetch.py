@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..protocol import backoff_s
+from ..control.wire import backoff_s
 from .transfer import Arena, Received, TransferError, Want, fetch_part
 
 ROUNDS = 3  # attempts of a group = ROUNDS x the number of sources

@@ -29,8 +29,8 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 import xxhash
 
-from .. import protocol
-from ..listener import Listener
+from ..control import wire
+from ..control.listener import Listener
 from .snapshot import Entries, byte_view
 from .staging import host_slices
 
@@ -155,7 +155,7 @@ def _send_entries(conn: socket.socket, entries: Entries, meta: Dict[str, Any], d
     tensors = [t for _, t in entries]
     cut = (tensors[target].numel() * tensors[target].element_size()) // 2 if tensors else 0  # where an injected fault strikes
     for i, off, part in host_slices(tensors, SLICE):  # device tensors staged through pinned memory
-        wire = part
+        out = part
         if damage and i == target:  # injected fault: the bytes on the wire differ from the state
             if damage == "truncate" and off + len(part) > cut:
                 conn.sendall(part[: cut - off])
@@ -163,10 +163,10 @@ def _send_entries(conn: socket.socket, entries: Entries, meta: Dict[str, Any], d
             if damage == "corrupt" and off <= cut < off + len(part):
                 bad = bytearray(part)
                 bad[cut - off] ^= 0xFF
-                wire = memoryview(bad)
+                out = memoryview(bad)
         digest.update(part)  # hashed in a thread while this slice is sent
-        conn.sendall(wire)
-    protocol.send_msg(conn, {"type": "end", "xxh3_64": digest.hexdigest()})
+        conn.sendall(out)
+    wire.send_msg(conn, {"type": "end", "xxh3_64": digest.hexdigest()})
 
 
 def _recv_entries(sock: socket.socket, head: Dict[str, Any], arena: Optional["Arena"], peer: str, step: int, want: Optional["Want"] = None) -> "Received":
@@ -195,7 +195,7 @@ def _recv_entries(sock: socket.socket, head: Dict[str, Any], arena: Optional["Ar
             digest.update(part)  # hashed in a thread while the next slice arrives
         nbytes += len(mv)
         entries.append((e["name"], t))
-    trailer = protocol.recv_msg(sock)
+    trailer = wire.recv_msg(sock)
     if trailer.get("type") != "end" or trailer.get("xxh3_64") != digest.hexdigest():
         raise TransferError(f"checksum mismatch from {peer}: got xxh3_64 {digest.hexdigest()}, source says {trailer.get('xxh3_64')}")
     if head["meta"].get("step") != step:
@@ -204,10 +204,10 @@ def _recv_entries(sock: socket.socket, head: Dict[str, Any], arena: Optional["Ar
 
 
 def _recv_big(sock: socket.socket) -> Dict[str, Any]:
-    (n,) = struct.unpack(">I", protocol.recv_exact(sock, 4))
+    (n,) = struct.unpack(">I", wire.recv_exact(sock, 4))
     if n > MAX_HEADER:
-        raise protocol.ProtocolError(f"state header of {n} bytes exceeds {MAX_HEADER}")
-    return protocol.decode(protocol.recv_exact(sock, n))
+        raise wire.ProtocolError(f"state header of {n} bytes exceeds {MAX_HEADER}")
+    return wire.decode(wire.recv_exact(sock, n))
 
 
 def _send_big(sock: socket.socket, msg: Dict[str, Any]) -> None:
@@ -243,24 +243,24 @@ class StateServer:
         try:
             conn.settimeout(HANDSHAKE_TIMEOUT_S)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            req = protocol.recv_msg(conn)
+            req = wire.recv_msg(conn)
             if req.get("type") == "replica" and self._receiver is not None:
                 return self._take_replica(conn, req)
             if req.get("type") != "fetch":
-                raise protocol.ProtocolError(f"expected fetch, got {req.get('type')!r}")
+                raise wire.ProtocolError(f"expected fetch, got {req.get('type')!r}")
             shard = req.get("shard")
             want = Want(int(req["gen"]), int(req["step"]), None if shard is None else int(shard), str(req.get("part", "all")), int(req.get("index", 0)), int(req.get("of", 1)))
             try:
                 entries, meta, *damage = self._provider(want.gen, want.step, want.shard, part=want.part)
                 entries = select(entries, want.part, want.index, want.of)
             except StaleState as e:
-                protocol.send_msg(conn, {"type": "refused", "reason": str(e)})
+                wire.send_msg(conn, {"type": "refused", "reason": str(e)})
                 return
             conn.settimeout(None)
             kind, strikes = (damage + [None, None])[:2]
             target = next((i for i, (n, _) in enumerate(entries) if n.startswith("optim.")), 0) if strikes == "optimizer" else 0
             _send_entries(conn, entries, meta, kind, target)
-        except (protocol.ProtocolError, ConnectionError, OSError, ValueError, KeyError, TypeError, TransferError) as e:
+        except (wire.ProtocolError, ConnectionError, OSError, ValueError, KeyError, TypeError, TransferError) as e:
             self._listener.reject(addr, e)
 
     def _take_replica(self, conn: socket.socket, req: Dict[str, Any]) -> None:
@@ -270,7 +270,7 @@ class StateServer:
         got = _recv_entries(conn, head, None, "replica", int(req["step"]))
         assert self._receiver is not None
         self._receiver(int(req["gen"]), int(req["shard"]), int(req["step"]), got)
-        protocol.send_msg(conn, {"type": "ack", "step": int(req["step"])})
+        wire.send_msg(conn, {"type": "ack", "step": int(req["step"])})
 
     def close(self) -> None:
         self._listener.close()
@@ -306,8 +306,8 @@ class Arena:
 def _connect(host: str, port: int, secret: str, timeout_s: float, what: str) -> socket.socket:
     """An authenticated connection to a peer's StateServer, with ``timeout_s`` on every read."""
     try:
-        sock = protocol.connect(host, port, secret, timeout_s=timeout_s)
-    except (OSError, protocol.ProtocolError) as e:
+        sock = wire.connect(host, port, secret, timeout_s=timeout_s)
+    except (OSError, wire.ProtocolError) as e:
         raise TransferError(f"cannot reach {what} {host}:{port}: {e}") from None
     sock.settimeout(timeout_s)
     return sock
@@ -335,14 +335,14 @@ def fetch_part(host: str, port: int, secret: str, want: Want, timeout_s: float, 
             req["shard"] = want.shard
         if (want.part, want.of) != ("all", 1):
             req.update(part=want.part, index=want.index, of=want.of)
-        protocol.send_msg(sock, req)
+        wire.send_msg(sock, req)
         head = _recv_big(sock)
         if head["type"] == "refused":
             raise TransferError(f"source {host}:{port} refused: {head.get('reason')}")
         got = _recv_entries(sock, head, arena, f"{host}:{port}", step, want)
         got.seconds = time.monotonic() - t0
         return got
-    except (OSError, ConnectionError, protocol.ProtocolError, KeyError) as e:
+    except (OSError, ConnectionError, wire.ProtocolError, KeyError) as e:
         raise TransferError(f"transfer from {host}:{port} failed: {e}") from None
     finally:
         sock.close()
@@ -355,13 +355,13 @@ def push_state(host: str, port: int, secret: str, gen: int, shard: int, step: in
     sock = _connect(host, port, secret, timeout_s, "holder")
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        protocol.send_msg(sock, {"type": "replica", "gen": gen, "shard": shard, "step": step})
+        wire.send_msg(sock, {"type": "replica", "gen": gen, "shard": shard, "step": step})
         _send_entries(sock, entries, meta)
-        ack = protocol.recv_msg(sock)
+        ack = wire.recv_msg(sock)
         if ack.get("type") != "ack" or ack.get("step") != step:
             raise TransferError(f"holder {host}:{port} did not acknowledge step {step}: {ack}")
         return time.monotonic() - t0
-    except (OSError, ConnectionError, protocol.ProtocolError, KeyError) as e:
+    except (OSError, ConnectionError, wire.ProtocolError, KeyError) as e:
         raise TransferError(f"copy to holder {host}:{port} failed: {e}") from None
     finally:
         sock.close()

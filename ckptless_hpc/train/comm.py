@@ -52,8 +52,8 @@ def within(fn: Callable[[], Any], deadline_s: float, what: str) -> Any:
 
 
 def connect_store(host: str, port: int, secret: str, timeout_s: float) -> Any:
-    """A client of the job's authenticated rendezvous store (ckptless_hpc.rendezvous)."""
-    from ..rendezvous import AuthStore
+    """A client of the job's authenticated rendezvous store (ckptless_hpc.control.rendezvous)."""
+    from ..control.rendezvous import AuthStore
 
     return AuthStore(host, port, secret, timeout_s)
 

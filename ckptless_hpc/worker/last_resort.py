@@ -18,7 +18,7 @@ import os
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Set
 
-from ..record import RecordError, write_json
+from ..rundir.record import RecordError, write_json
 
 log = logging.getLogger("ckptless_hpc.worker")
 
@@ -30,15 +30,15 @@ def coordinator_alive(address: str, secret: str, worker: str, timeout_s: float =
     the mutual handshake (it proves it knows the job secret, so a stranger on a reused port
     does not count). The probe then says why it came and leaves; the coordinator logs it as a
     rejected connection naming this worker. A refused, timed-out or failed handshake: gone."""
-    from .. import protocol
+    from ..control import wire
 
     host, _, port = address.rpartition(":")
     try:
-        sock = protocol.connect(host, int(port), secret, timeout_s=timeout_s)
-    except (OSError, ValueError, protocol.ProtocolError):
+        sock = wire.connect(host, int(port), secret, timeout_s=timeout_s)
+    except (OSError, ValueError, wire.ProtocolError):
         return False
     try:
-        protocol.send_msg(sock, {"type": "probe", "worker": worker, "why": "dropped: checking whether the coordinator is alive before any last resort"})
+        wire.send_msg(sock, {"type": "probe", "worker": worker, "why": "dropped: checking whether the coordinator is alive before any last resort"})
     except OSError:
         pass
     finally:

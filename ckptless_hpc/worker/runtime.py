@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from .. import faults as faultlib
-from .. import protocol
+from ..control import wire
 from ..tasks.selfcheck import check_batch_determinism
 from ..state.snapshot import state_nbytes, state_sha256
 from ..state.fetch import Behind
@@ -46,7 +46,7 @@ from ..train.engine import Engine, StepResult
 from ..train.evaluation import eval_due
 from ..train.fsdp_strategy import StepFailed
 from . import last_resort
-from .control import ControlClient, exit_now
+from ..control.client import ControlClient, exit_now
 from .interrupt import Aborted, CollectiveError, Interruptible
 from .peer_state import PeerState
 from .periodic import PeriodicCopies
@@ -546,7 +546,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         local_index = SlurmEnvironment().procid or 0
     else:
         local_index = int(args.local_index)
-    worker = Worker(args.node, local_index, args.coordinator, protocol.resolve_host(args.host), protocol.load_secret(), relay=args.relay)
+    worker = Worker(args.node, local_index, args.coordinator, wire.resolve_host(args.host), wire.load_secret(), relay=args.relay)
     _setup_logging(worker.ctx)
     try:
         worker.start()

@@ -10,7 +10,7 @@ import time
 from typing import Any, Dict, List
 
 from ..state import emergency, export
-from .control import exit_now
+from ..control.client import exit_now
 from .interrupt import Aborted
 
 log = logging.getLogger("ckptless_hpc.worker")

@@ -54,7 +54,7 @@ def returncode(status: int) -> int:
 
 def retitle(argv: List[str]) -> bool:
     """Write ``argv`` over this process's original argv area, so that /proc/<pid>/cmdline (what
-    ``ps``, ``ckptless_hpc.tools`` and the benchmarks read) names the worker and its coordinator,
+    ``ps``, ``ckptless_hpc.tools.commands`` and the benchmarks read) names the worker and its coordinator,
     as the command line of an exec'd worker did. What does not fit is cut; the area's last byte
     stays NUL, or the kernel would read on into the environment (where the secret is)."""
     try:

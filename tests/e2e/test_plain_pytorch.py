@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 
 import plain_loop
 from ckptless_hpc.config import register_configs
-from ckptless_hpc.tools import main as tools_main
+from ckptless_hpc.tools.commands import main as tools_main
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 

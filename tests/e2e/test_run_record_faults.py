@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_testlib import REPO, fill_up, wait_for
-from ckptless_hpc.rundir import parse_events
+from ckptless_hpc.rundir.read import parse_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

@@ -21,12 +21,12 @@ from typing import Any, List, Tuple
 
 import pytest
 
-from ckptless_hpc import listener, protocol
-from ckptless_hpc.listener import Listener, Throttle, accept_pause_s
-from ckptless_hpc.rendezvous import AuthStore, StoreServer
+from ckptless_hpc.control import listener, wire
+from ckptless_hpc.control.listener import Listener, Throttle, accept_pause_s
+from ckptless_hpc.control.rendezvous import AuthStore, StoreServer
 
 pytestmark = pytest.mark.timeout(60)
-SECRET = protocol.new_secret()
+SECRET = wire.new_secret()
 
 
 class Served:
@@ -41,8 +41,8 @@ class Served:
         self.listener = Listener(self.sock, SECRET, self._handle, "test server", preauth, authed, handshake_s, lambda a, why: self.rejects.append((a, why))).start()
 
     def _handle(self, conn: socket.socket, addr: Any) -> None:
-        protocol.recv_msg(conn)
-        protocol.send_msg(conn, {"type": "served"})
+        wire.recv_msg(conn)
+        wire.send_msg(conn, {"type": "served"})
         self.release.wait(30)
 
     def why(self, client: socket.socket) -> str:
@@ -67,17 +67,17 @@ def wait_until(cond, what: str, timeout_s: float = 30.0) -> Any:
 
 def peer(port: int) -> socket.socket:
     """A client that knows the secret, served once."""
-    sock = protocol.connect("127.0.0.1", port, SECRET, timeout_s=10)
-    protocol.send_msg(sock, {"type": "ask"})
+    sock = wire.connect("127.0.0.1", port, SECRET, timeout_s=10)
+    wire.send_msg(sock, {"type": "ask"})
     sock.settimeout(10)
-    assert protocol.recv_msg(sock)["type"] == "served"
+    assert wire.recv_msg(sock)["type"] == "served"
     return sock
 
 
 def stranger(port: int) -> socket.socket:
     """A client without the secret: it reads the challenge and says nothing."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    assert protocol.recv_msg(sock)["type"] == "challenge"
+    assert wire.recv_msg(sock)["type"] == "challenge"
     return sock
 
 
@@ -104,7 +104,7 @@ def test_a_dripping_handshake_is_ended_at_its_total_deadline():
         sock = stranger(srv.port)
         sock.settimeout(0.25)
         t0, drips = time.monotonic(), 0
-        frame = protocol.encode({"type": "auth", "mac": "0" * 64, "nonce": "ab" * 16})
+        frame = wire.encode({"type": "auth", "mac": "0" * 64, "nonce": "ab" * 16})
         closed = False
         while not closed and drips < len(frame):
             try:
@@ -129,8 +129,8 @@ def test_the_handshake_functions_take_one_bound_for_all_their_reads():
     a, b = socket.socketpair()
     with a, b:
         b.sendall(b"\x00\x00")  # half a length, then nothing: the server's second read would wait forever
-        with pytest.raises(protocol.ProtocolError, match="handshake not finished within 0.3s"):
-            protocol.server_handshake(a, SECRET, timeout_s=0.3)
+        with pytest.raises(wire.ProtocolError, match="handshake not finished within 0.3s"):
+            wire.server_handshake(a, SECRET, timeout_s=0.3)
 
 
 # ---------------------------------------------------------------------------- the pools
@@ -173,7 +173,7 @@ def test_authenticated_connections_past_the_bound_are_refused_and_reported():
     try:
         first = peer(srv.port)  # held by the handler
         second = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-        protocol.client_handshake(second, SECRET, timeout_s=10)
+        wire.client_handshake(second, SECRET, timeout_s=10)
         assert closed_by_server(second)
         assert "1 authenticated connections already open" in srv.why(second)
         srv.release.set()
@@ -200,7 +200,7 @@ def test_emfile_is_survived_and_logged(caplog):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     held: List[socket.socket] = []
     try:
-        with caplog.at_level(logging.ERROR, logger="ckptless_hpc.listener"):
+        with caplog.at_level(logging.ERROR, logger="ckptless_hpc.control.listener"):
             resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, hard))
             try:
                 while not srv.listener.accept_errors:
@@ -260,7 +260,7 @@ def test_the_store_serves_nothing_to_a_client_that_failed_its_handshake(attack):
         owner = AuthStore("127.0.0.1", server.port, SECRET, timeout_s=10)
         owner.set("gen0/addr", value)
         sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-        challenge = protocol.recv_msg(sock)
+        challenge = wire.recv_msg(sock)
         assert challenge["type"] == "challenge"
         asks = [{"type": "store", "op": "get", "key": "gen0/addr", "timeout_s": 1}, {"type": "store", "op": "num_keys"}, {"type": "store", "op": "set", "key": "gen1/x", "value": "Z2FyYmFnZQ=="}]
         first = _frame({"type": "auth", "mac": "0" * 64, "nonce": "ab" * 16}) if attack == "wrong_mac" else b""

@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
-from ckptless_hpc import protocol
+from ckptless_hpc.control import wire
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -142,7 +142,7 @@ def _attacks_once(addr: Tuple[str, int], target: str, secret: str) -> List[Attac
     out.append(_send_and_watch(addr, "not_an_object", target, struct.pack(">I", 7) + b"[1,2,3]"))
     # (c) huge length prefixes, no body: refused before anything is read or allocated
     out.append(_send_and_watch(addr, "huge_length", target, b"\xff\xff\xff\xff"))
-    out.append(_send_and_watch(addr, "max_frame_plus_1", target, struct.pack(">I", protocol.MAX_FRAME + 1)))
+    out.append(_send_and_watch(addr, "max_frame_plus_1", target, struct.pack(">I", wire.MAX_FRAME + 1)))
     # (d) a wrong MAC, a missing MAC, a request before authentication
     out.append(_send_and_watch(addr, "wrong_mac", target, _frame({"type": "auth", "mac": "0" * 64})))
     out.append(_send_and_watch(addr, "missing_mac", target, _frame({"type": "auth"})))
@@ -150,7 +150,7 @@ def _attacks_once(addr: Tuple[str, int], target: str, secret: str) -> List[Attac
     out.append(_send_and_watch(addr, "skip_auth", target, _frame(first[target])))
     # (e) replay: a MAC valid for one nonce is worthless on a new connection (new nonce)
     sock, a = _challenged(addr, "replay_source", target)
-    captured = _frame({"type": "auth", "mac": protocol.mac(secret, a.nonce), "nonce": "cd" * 16})
+    captured = _frame({"type": "auth", "mac": wire.mac(secret, a.nonce), "nonce": "cd" * 16})
     sock.sendall(captured)
     a.sent, a.welcomed = captured, _read_frame(sock)["type"] == "welcome"
     sock.close()  # never says hello / fetch: the server drops it

@@ -12,7 +12,7 @@ import os
 import pytest
 from hydra import compose, initialize_config_module
 
-from ckptless_hpc import protocol
+from ckptless_hpc.control import wire
 from ckptless_hpc.config import register_configs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -33,7 +33,7 @@ def test_secret_environment_is_readable_by_the_job_user_only(live_job):
     for name, info in live_job.snapshot.items():
         assert info.environ_mode == 0o400 and info.environ_uid == os.getuid(), (name, oct(info.environ_mode))
         if name != "coordinator":
-            assert protocol.SECRET_ENV.encode() + b"=" + secret in info.environ.split(b"\0"), name
+            assert wire.SECRET_ENV.encode() + b"=" + secret in info.environ.split(b"\0"), name
     # the coordinator generates it in memory: it is not in the coordinator's own environment
     assert secret not in (live_job.snapshot["coordinator"].environ or b"")
 
@@ -56,7 +56,7 @@ def test_slurm_worker_steps_get_the_secret_in_their_environment_only(tmp_path, m
     register_configs()
     with initialize_config_module(config_module="ckptless_hpc.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=["cluster=slurm", "cluster.partition=debug", "cluster.time_min=5"])
-    secret = protocol.new_secret()
+    secret = wire.new_secret()
     calls = []
 
     class _Proc:
@@ -77,4 +77,4 @@ def test_slurm_worker_steps_get_the_secret_in_their_environment_only(tmp_path, m
     (argv, env), = calls
     assert argv[0] == "srun" and "ckptless_hpc.worker" in argv
     assert not any(secret in a for a in argv), argv
-    assert env[protocol.SECRET_ENV] == secret
+    assert env[wire.SECRET_ENV] == secret

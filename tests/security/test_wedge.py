@@ -154,7 +154,7 @@ def test_emfile_on_the_store_is_survived_and_a_fault_recovers(start_job, baselin
 
 
 def test_a_drip_on_the_survivors_state_port_and_on_the_store_does_not_stop_the_recovery(start_job, baseline):
-    from ckptless_hpc.rendezvous import MAX_HANDSHAKES as STORE_HANDSHAKES
+    from ckptless_hpc.control.rendezvous import MAX_HANDSHAKES as STORE_HANDSHAKES
     from ckptless_hpc.state.transfer import MAX_HANDSHAKES as STATE_HANDSHAKES
 
     job = start_job(nofile=1024)  # the common ulimit -n, which raise_fd_limit leaves alone for a small job

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ckptless_hpc.chaos import parse_args, random_schedule, run_verdict, schedule_override
+from ckptless_hpc.chaos.local import parse_args, random_schedule, run_verdict, schedule_override
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from ckptless_hpc import protocol
+from ckptless_hpc.control import wire
 from ckptless_hpc.worker.last_resort import coordinator_alive
 
 pytestmark = pytest.mark.timeout(30)
@@ -25,9 +25,9 @@ def _server(secret: str):
     def serve() -> None:
         conn, _ = lsock.accept()
         try:
-            protocol.server_handshake(conn, secret)
-            got.append(protocol.recv_msg(conn))
-        except (protocol.ProtocolError, OSError) as e:
+            wire.server_handshake(conn, secret)
+            got.append(wire.recv_msg(conn))
+        except (wire.ProtocolError, OSError) as e:
             got.append(e)
         finally:
             conn.close()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ckptless_hpc import protocol
+from ckptless_hpc.control import wire
 from ckptless_hpc.coordinator import messages
 from ckptless_hpc.coordinator.planner import MAX_SOURCES, Spare, plan_recovery
 from ckptless_hpc.coordinator.server import Coordinator, WorkerRec
@@ -42,7 +42,7 @@ def test_an_assign_stays_far_below_the_frame_limit_at_100k_ranks():
     plan, _ = plan_recovery(ranks, {"n7.0"}, held, [Spare("s.0", "s", True)], set(), set())
     ends = {w: ("10.0.0.1", 40000) for w in ranks.values()}
     msg = messages.assign(3, 7, WORLD, 5, plan.sources["s.0"], ends, list(range(50)))
-    assert len(protocol.encode(msg)) < 4096 < protocol.MAX_FRAME
+    assert len(wire.encode(msg)) < 4096 < wire.MAX_FRAME
     assert [s["worker"] for s in msg["sources"]] == plan.sources["s.0"]
 
 
@@ -54,7 +54,7 @@ def _coordinator(tmp_path, **kw):
 def test_an_oversized_message_is_refused_by_name_not_raised(tmp_path, caplog):
     c = _coordinator(tmp_path)
     rec = c.workers["n0.0"] = WorkerRec("n0.0", "n0", 0, "active", writer=FakeWriter(), rank=0)
-    c._send(rec, {"type": "assign", "junk": "x" * (protocol.MAX_FRAME + 1)})  # must not raise
+    c._send(rec, {"type": "assign", "junk": "x" * (wire.MAX_FRAME + 1)})  # must not raise
     assert rec.writer.frames == []
     assert "assign" in caplog.text and "n0.0" in caplog.text and "HINT" in caplog.text
     c.events.close()

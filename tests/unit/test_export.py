@@ -14,7 +14,7 @@ from torch import nn
 from ckptless_hpc.state import emergency, export
 from ckptless_hpc.state.snapshot import collect_state
 from ckptless_hpc.tasks.mlp import MLPTask
-from ckptless_hpc.tools import main as tools_main
+from ckptless_hpc.tools.commands import main as tools_main
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from ckptless_hpc.rendezvous import AuthStore, StoreServer
+from ckptless_hpc.control.rendezvous import AuthStore, StoreServer
 from ckptless_hpc.state.fetch import Source, fetch, groups_for, source_for
 from ckptless_hpc.state.snapshot import collect_state, state_sha256
 from ckptless_hpc.state.transfer import Arena, StaleState, StateServer, TransferError, Want, select

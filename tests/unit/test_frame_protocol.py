@@ -1,10 +1,10 @@
-"""protocol.FrameProtocol: frames split and joined across reads, oversized and malformed frames."""
+"""wire.FrameProtocol: frames split and joined across reads, oversized and malformed frames."""
 
 from __future__ import annotations
 
 import pytest
 
-from ckptless_hpc import protocol
+from ckptless_hpc.control import wire
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -19,7 +19,7 @@ class _Transport:
 
 def _proto():
     got, why = [], []
-    p = protocol.FrameProtocol(got.append, why.append)
+    p = wire.FrameProtocol(got.append, why.append)
     t = _Transport()
     p.connection_made(t)
     return p, t, got, why
@@ -27,7 +27,7 @@ def _proto():
 
 def test_frames_split_and_joined_across_reads_are_delivered_in_order():
     p, t, got, why = _proto()
-    data = b"".join(protocol.encode({"type": "hb", "i": i}) for i in range(50))
+    data = b"".join(wire.encode({"type": "hb", "i": i}) for i in range(50))
     for k in range(0, len(data), 7):  # 7-byte reads: every frame split, some reads hold two
         p.data_received(data[k : k + 7])
     assert [m["i"] for m in got] == list(range(50)) and p.pending() == 0 and not why
@@ -39,10 +39,10 @@ def test_frames_split_and_joined_across_reads_are_delivered_in_order():
 
 def test_an_oversized_or_malformed_frame_closes_the_connection_once_with_a_reason():
     p, t, got, why = _proto()
-    p.data_received((protocol.MAX_FRAME + 1).to_bytes(4, "big"))
+    p.data_received((wire.MAX_FRAME + 1).to_bytes(4, "big"))
     assert t.closed and len(why) == 1 and "exceeds" in why[0] and got == []
     p.connection_lost(ConnectionResetError())
     assert len(why) == 1  # reported once
     p, t, got, why = _proto()
-    p.data_received((5).to_bytes(4, "big") + b"{oops" + protocol.encode({"type": "hb"}))
+    p.data_received((5).to_bytes(4, "big") + b"{oops" + wire.encode({"type": "hb"}))
     assert t.closed and "malformed" in why[0] and got == []

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from ckptless_hpc import protocol
+from ckptless_hpc.control import wire
 from ckptless_hpc.state.snapshot import apply_state, collect_state, state_sha256
 from ckptless_hpc.state.transfer import StaleState, StateServer, TransferError, fetch_state
 from ckptless_hpc.tasks.mlp import MLPTask
@@ -20,14 +20,14 @@ SECRET = "s" * 64
 
 def test_frame_roundtrip_and_limits():
     a, b = socket.socketpair()
-    protocol.send_msg(a, {"type": "x", "n": 1})
-    assert protocol.recv_msg(b) == {"type": "x", "n": 1}
-    a.sendall(struct.pack(">I", protocol.MAX_FRAME + 1))
-    with pytest.raises(protocol.ProtocolError, match="exceeds"):
-        protocol.recv_msg(b)
+    wire.send_msg(a, {"type": "x", "n": 1})
+    assert wire.recv_msg(b) == {"type": "x", "n": 1}
+    a.sendall(struct.pack(">I", wire.MAX_FRAME + 1))
+    with pytest.raises(wire.ProtocolError, match="exceeds"):
+        wire.recv_msg(b)
     a.sendall(struct.pack(">I", 3) + b"{x}")
-    with pytest.raises(protocol.ProtocolError, match="malformed"):
-        protocol.recv_msg(b)
+    with pytest.raises(wire.ProtocolError, match="malformed"):
+        wire.recv_msg(b)
 
 
 def _handshake(client_secret: str):
@@ -37,7 +37,7 @@ def _handshake(client_secret: str):
 
     def serve():
         try:
-            protocol.server_handshake(a, SECRET)
+            wire.server_handshake(a, SECRET)
         except Exception as e:  # noqa: BLE001
             box["server"] = e
         finally:
@@ -46,7 +46,7 @@ def _handshake(client_secret: str):
     t = threading.Thread(target=serve)
     t.start()
     try:
-        protocol.client_handshake(b, client_secret)
+        wire.client_handshake(b, client_secret)
     except Exception as e:  # noqa: BLE001
         box["client"] = e
     t.join(5)
@@ -57,7 +57,7 @@ def _handshake(client_secret: str):
 def test_handshake_accepts_the_secret_and_refuses_others():
     assert _handshake(SECRET) == (None, None)
     server_err, client_err = _handshake("wrong")
-    assert isinstance(server_err, protocol.ProtocolError) and "authentication failed" in str(server_err)
+    assert isinstance(server_err, wire.ProtocolError) and "authentication failed" in str(server_err)
     assert client_err is not None
 
 

@@ -13,10 +13,10 @@ import subprocess
 import pytest
 
 from ckpt_testlib import fill_up
-from ckptless_hpc import record
+from ckptless_hpc.rundir import record
 from ckptless_hpc.metrics import EventLog
-from ckptless_hpc.record import RecordError, RecordFileHandler
-from ckptless_hpc.rundir import parse_events
+from ckptless_hpc.rundir.record import RecordError, RecordFileHandler
+from ckptless_hpc.rundir.read import parse_events
 from ckptless_hpc.train.engine import skip_budget
 
 pytestmark = pytest.mark.timeout(60)
@@ -99,7 +99,7 @@ def test_a_log_file_that_fills_up_is_said_once_and_the_console_goes_on(tiny_fs, 
 
 def test_failures_are_said_once_per_path(caplog):
     f = record.Failures()
-    with caplog.at_level(logging.ERROR, logger="ckptless_hpc.record"):
+    with caplog.at_level(logging.ERROR, logger="ckptless_hpc.rundir.record"):
         f.report("/r/events.jsonl", "cannot write /r/events.jsonl: full")
         f.report("/r/events.jsonl", "cannot write /r/events.jsonl: full again")
         f.report("/r/summary.json", "cannot write /r/summary.json: full")

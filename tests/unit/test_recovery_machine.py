@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from ckptless_hpc import protocol
+from ckptless_hpc.control import wire
 from ckptless_hpc.coordinator import messages
 from ckptless_hpc.coordinator.inbox import Fetched, Held, Joining, Ready
 from ckptless_hpc.coordinator.planner import MAX_SOURCES
@@ -226,7 +226,7 @@ def test_a_mass_failure_at_10k_ranks_is_one_generation_with_small_assigns():
     assert assign.step == 11 and len(assign.ranks) == nodes * wpn
     assert all(1 <= len(s) <= MAX_SOURCES for s in assign.sources.values())
     ends = {w: ("10.0.0.1", 40000) for w in job.members.workers}
-    biggest = max(len(protocol.encode(messages.assign(1, r, nodes * wpn, 11, assign.sources.get(w, ()), ends, list(range(50)))))
+    biggest = max(len(wire.encode(messages.assign(1, r, nodes * wpn, 11, assign.sources.get(w, ()), ends, list(range(50)))))
                   for r, w in assign.ranks.items())
     assert biggest < 4096  # bounded whatever the world size: a few sources, never every survivor
     job.ready_all()

@@ -1,4 +1,4 @@
-"""The relay's pure parts (ckptless_hpc/relay.py): batching within the frame limit, entries,
+"""The relay's pure parts (ckptless_hpc/control/relay.py): batching within the frame limit, entries,
 heartbeat summaries; and the coordinator's message shapes that relays carry. The relay's real
 behaviour (processes, sockets, kills) is proven end to end in tests/e2e/test_relay.py."""
 
@@ -10,20 +10,20 @@ import stat
 
 import pytest
 
-from ckptless_hpc import protocol, relay
+from ckptless_hpc.control import wire, relay
 from ckptless_hpc.coordinator import inbox, messages
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def _decode(frame: bytes) -> dict:
-    (n,) = protocol._HDR.unpack(frame[:4])
+    (n,) = wire._HDR.unpack(frame[:4])
     assert n == len(frame) - 4
-    return protocol.decode(frame[4:])
+    return wire.decode(frame[4:])
 
 
 def test_batches_keep_order_and_stay_within_the_frame_limit():
-    bodies = [protocol.encode_body({"type": "assign", "gen": 1, "pad": "x" * (100 + i)}) for i in range(50)]
+    bodies = [wire.encode_body({"type": "assign", "gen": 1, "pad": "x" * (100 + i)}) for i in range(50)]
     entries = [relay.entry(f"n0.{i}", b) for i, b in enumerate(bodies)]
     frames = relay.batch_frames(relay.DOWN, entries, max_body=1000)
     assert len(frames) > 5  # the limit split the batch
@@ -40,11 +40,11 @@ def test_batches_keep_order_and_stay_within_the_frame_limit():
 
 
 def test_an_entry_for_many_workers_and_one_encoding():
-    e = relay.entry(["n1.0", "n1.1"], protocol.encode_body({"type": "abort", "gen": 4}))
+    e = relay.entry(["n1.0", "n1.1"], wire.encode_body({"type": "abort", "gen": 4}))
     assert json.loads(e) == [["n1.0", "n1.1"], {"type": "abort", "gen": 4}]
     assert json.loads(relay.message_entry("n1.0", {"type": "held", "step": 3})) == ["n1.0", {"type": "held", "step": 3}]
-    with pytest.raises(protocol.ProtocolError, match="frame limit"):
-        relay.message_entry("n1.0", {"type": "x", "pad": "y" * protocol.MAX_FRAME})
+    with pytest.raises(wire.ProtocolError, match="frame limit"):
+        relay.message_entry("n1.0", {"type": "x", "pad": "y" * wire.MAX_FRAME})
 
 
 def test_heartbeats_fold_into_one_summary_per_interval():
@@ -128,9 +128,9 @@ def test_the_coordinator_reads_a_relay_link(tmp_path):
         w = LinkWriter()
         link = c._accept_relay({"type": "relay", "node": "local1", "pid": 9, "host": "h"}, w)
         assert isinstance(link, RelayLink)
-        with pytest.raises(protocol.ProtocolError, match="did not start"):
+        with pytest.raises(wire.ProtocolError, match="did not start"):
             c._accept_relay({"type": "relay", "node": "elsewhere"}, LinkWriter())
-        with pytest.raises(protocol.ProtocolError, match="second relay"):
+        with pytest.raises(wire.ProtocolError, match="second relay"):
             c._accept_relay({"type": "relay", "node": "local1"}, LinkWriter())
         hello = {"type": "hello", "node": "local1", "pid": 5, "host": "127.0.0.1"}
         c._on_relay_frame(link, {"type": "up", "m": [["local1.0", dict(hello, local=0)], ["local1.1", dict(hello, local=1)],
@@ -171,6 +171,6 @@ def test_a_relayed_slurm_step_has_one_more_task_the_relay():
     relayed = node_step_argv(cfg("cluster=slurm", "cluster.workers_per_node=4", "cluster.control=node"), "n7", 4, "10.0.0.1:5000", "123", "/r/logs/n7.%t.log")
     assert "--ntasks=5" in relayed and "--overcommit" in relayed and "--nodelist=n7" in relayed
     command = relayed[relayed.index("--") + 1:]
-    assert command[1:3] == ["-m", "ckptless_hpc.slurm.node_task"] and "10.0.0.1:5000" in command
+    assert command[1:3] == ["-m", "ckptless_hpc.launch.node_task"] and "10.0.0.1:5000" in command
     plain = node_step_argv(cfg("cluster=slurm", "cluster.workers_per_node=4"), "n7", 4, "10.0.0.1:5000", "123", "/r/logs/n7.%t.log")
     assert "--ntasks=4" in plain and "--overcommit" not in plain and "ckptless_hpc.worker" in plain

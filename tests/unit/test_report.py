@@ -13,10 +13,8 @@ import struct
 import pytest
 
 from ckpt_testlib import run_job
-from ckptless_hpc import report, tools
-from ckptless_hpc.rundir import (
-    RunDirError, load_run, parse_events, progress, rank_history, recoveries, requeues, split_attempts, step_series,
-)
+from ckptless_hpc.tools import report, commands
+from ckptless_hpc.rundir.read import RunDirError, load_run, parse_events, progress, rank_history, recoveries, requeues, split_attempts, step_series
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -84,13 +82,13 @@ def load_run_without_summary(path):
 def test_chart_is_drawn_from_the_run(killed_run, tmp_path):
     out = tmp_path / "chart.png"
     buf = io.StringIO()
-    assert tools.main(["report", str(killed_run), "--out", str(out)], out=buf) == 0
+    assert commands.main(["report", str(killed_run), "--out", str(out)], out=buf) == 0
     w, h = _png_size(out)
     assert w >= 1000 and h >= 700
     assert out.stat().st_size > 30_000  # a drawn chart, not an empty canvas
     assert f"chart: {out}" in buf.getvalue()
     # the default place is the run directory
-    assert tools.main(["report", str(killed_run)], out=io.StringIO()) == 0
+    assert commands.main(["report", str(killed_run)], out=io.StringIO()) == 0
     assert (killed_run / "report.png").exists()
 
 
@@ -102,7 +100,7 @@ def test_sweep_table_and_chart(killed_run, tmp_path):
     shutil.copytree(killed_run, first)
     summary = json.loads((first / "summary.json").read_text())
     buf = io.StringIO()
-    assert tools.main(["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "sweep.png")], out=buf) == 0
+    assert commands.main(["report", str(tmp_path / "sweep"), "--out", str(tmp_path / "sweep.png")], out=buf) == 0
     text = buf.getvalue()
     header = text.splitlines()[0].split()
     assert header[:3] == ["run", "status", "steps"] and "downtime_s" in header
@@ -164,7 +162,7 @@ def test_rank_history_follows_promotions():
 
 
 def test_recoveries_and_progress_from_events():
-    from ckptless_hpc.rundir import Run
+    from ckptless_hpc.rundir.read import Run
 
     events = _synthetic()
     (r,) = recoveries(Run("x", events))
@@ -212,7 +210,7 @@ def test_throughput_notches_at_a_gap_and_ignores_bursts():
 def test_evaluation_panel_and_own_metrics_from_events():
     """The last evaluation of each step is kept (a recovered generation redoes one), the panel
     names the steps and the last values; the own metrics are the last step's."""
-    from ckptless_hpc.rundir import Run
+    from ckptless_hpc.rundir.read import Run
 
     events = _synthetic() + [
         _ev("step", 3.0, step=9, loss=0.5, metrics={"accuracy": 0.25}),

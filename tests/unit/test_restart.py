@@ -1,4 +1,4 @@
-"""restart.json (coordinator/restart.py): what a requeued job starts from, pure data in and out."""
+"""restart.json (rundir/restart.py): what a requeued job starts from, pure data in and out."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ckptless_hpc.coordinator.restart import FILE, Restart, shard_copy, write
+from ckptless_hpc.rundir.restart import FILE, Restart, shard_copy, write
 from ckptless_hpc.coordinator.server import Coordinator
 from coordlib import NoLauncher, cfg
 

@@ -14,7 +14,7 @@ from typing import Any, List
 
 import pytest
 
-from ckptless_hpc import protocol
+from ckptless_hpc.control import wire
 from ckptless_hpc.coordinator.server import Coordinator, WorkerRec
 from ckptless_hpc.launch.background import CommandQueue
 from coordlib import cfg
@@ -112,7 +112,7 @@ class OrderWriter:
         return False
 
     def write(self, frame: bytes) -> None:
-        self.order.append(("send", self.wid, protocol.decode(frame[4:])["type"]))
+        self.order.append(("send", self.wid, wire.decode(frame[4:])["type"]))
 
     def close(self) -> None:
         pass

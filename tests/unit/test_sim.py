@@ -1,4 +1,4 @@
-"""The goodput simulator (ckptless_hpc.sim): closed forms, optimum interval, Monte Carlo, CLI."""
+"""The goodput simulator (ckptless_hpc.tools.sim): closed forms, optimum interval, Monte Carlo, CLI."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ckptless_hpc import sim
+from ckptless_hpc.tools import sim
 
 pytestmark = pytest.mark.timeout(10)
 

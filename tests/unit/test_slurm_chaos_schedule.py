@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from ckptless_hpc.chaos import parse_args
-from ckptless_hpc.slurm.chaos import KILL_SLURMD_BY_STEP, KINDS, LOSSES, fired, outcome, parse_kinds, random_schedule, resolve
+from ckptless_hpc.chaos.local import parse_args
+from ckptless_hpc.chaos.slurm import KILL_SLURMD_BY_STEP, KINDS, LOSSES, fired, outcome, parse_kinds, random_schedule, resolve
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -1,6 +1,6 @@
-"""``python -m ckptless_hpc.slurm.node_task``: one task of a node's srun step under
+"""``python -m ckptless_hpc.launch.node_task``: one task of a node's srun step under
 ``cluster.control=node``. The step has ``workers_per_node + 1`` tasks: the last
-(``SLURM_PROCID == SLURM_NTASKS - 1``) is the node's relay (``ckptless_hpc.relay``, no torch),
+(``SLURM_PROCID == SLURM_NTASKS - 1``) is the node's relay (``ckptless_hpc.control.relay``, no torch),
 the others are the workers, local index = ``SLURM_PROCID``, connected through it.
 
 The relay's socket is node-local: its path is worked out here, on the node (its temp dir), from
@@ -14,13 +14,13 @@ import argparse
 import sys
 from typing import List, Optional
 
-from ..protocol import load_secret
-from ..relay import socket_path
-from .env import SlurmEnvironment
+from ..control.wire import load_secret
+from ..control.relay import socket_path
+from ..slurm.env import SlurmEnvironment
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ckptless_hpc.slurm.node_task", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m ckptless_hpc.launch.node_task", description=__doc__)
     p.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator's control server")
     p.add_argument("--node", required=True)
     p.add_argument("--interval", type=float, required=True, help="cluster.heartbeat_interval_s (the relay's summaries)")
@@ -32,7 +32,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         p.error(f"expects to be a task of a node's srun step with workers_per_node + 1 tasks (SLURM_PROCID={procid}, SLURM_NTASKS={ntasks})")
     path = socket_path(load_secret(), a.node)
     if procid == ntasks - 1:
-        from .. import relay
+        from ..control import relay
 
         return relay.main(["--coordinator", a.coordinator, "--node", a.node, "--path", path, "--interval", str(a.interval), "--host", a.host])
     from ..worker import runtime

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .rundir import PHASES, RecoveryView, Run, evaluations, global_batch, incidents, progress, recoveries, requeues, step_series
+from ..rundir.read import PHASES, RecoveryView, Run, evaluations, global_batch, incidents, progress, recoveries, requeues, step_series
 
 PHASE_COLORS = {"detect": "#d62728", "reconfigure": "#ff7f0e", "transfer": "#1f77b4", "resume": "#2ca02c"}
 PHASE_MEANING = {

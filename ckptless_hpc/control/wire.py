@@ -319,7 +319,7 @@ def connect_unix(path: str, secret: str, timeout_s: float = 60.0) -> socket.sock
             sock.close()
             if time.monotonic() >= deadline:
                 raise ConnectionError(f"no relay listening at {path} within {timeout_s:.0f}s ({type(e).__name__}). "
-                                      "HINT: the node's relay (python -m ckptless_hpc.relay) did not start: see its log") from None
+                                      "HINT: the node's relay (python -m ckptless_hpc.control.relay) did not start: see its log") from None
             time.sleep(0.05)
         except BaseException:
             sock.close()

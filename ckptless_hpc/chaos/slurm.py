@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..rundir import split_attempts
-from . import commands, minicluster, watch
+from ..rundir.read import split_attempts
+from ..slurm import commands, minicluster, watch
 
 LOSSES = ("crash_node", "kill_slurmd", "cancel_step", "lost_batch_host")
 KINDS = LOSSES + ("preempt",)

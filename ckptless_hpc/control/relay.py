@@ -8,7 +8,7 @@ summary per node per interval and writes one frame per node per loop iteration.
 
 The relay is a small asyncio process next to the node's workers (no torch): it connects to
 the coordinator (the job's authenticated handshake), then listens on a node-local Unix socket
-where the workers connect (the same handshake) and speak the unchanged worker protocol.
+where the workers connect (the same handshake) and speak the unchanged worker wire.
 
 Wire (each a frame of ``protocol``):
 
@@ -44,9 +44,9 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from . import protocol
+from . import wire
 
-log = logging.getLogger("ckptless_hpc.relay")
+log = logging.getLogger("ckptless_hpc.control.relay")
 
 Target = Union[str, Sequence[str]]
 
@@ -86,7 +86,7 @@ UP = b'{"type":"up","m":['
 DOWN = b'{"type":"down","m":['
 
 
-def batch_frames(head: bytes, entries: List[bytes], max_body: int = protocol.MAX_FRAME) -> List[bytes]:
+def batch_frames(head: bytes, entries: List[bytes], max_body: int = wire.MAX_FRAME) -> List[bytes]:
     """``{"type": "up"|"down", "m": [...]}`` frames (``head`` says which) of encoded entries,
     each frame within the limit (an entry holds one message of at most ``MAX_FRAME``, so a
     batch may need a few frames; an entry alone over the limit still leaves, and is refused
@@ -94,12 +94,12 @@ def batch_frames(head: bytes, entries: List[bytes], max_body: int = protocol.MAX
     frames, part, size = [], [], len(head) + 2
     for e in entries:
         if part and size + len(e) + 1 > max_body:
-            frames.append(protocol.frame(head + b",".join(part) + b"]}"))
+            frames.append(wire.frame(head + b",".join(part) + b"]}"))
             part, size = [], len(head) + 2
         part.append(e)
         size += len(e) + 1
     if part:
-        frames.append(protocol.frame(head + b",".join(part) + b"]}"))
+        frames.append(wire.frame(head + b",".join(part) + b"]}"))
     return frames
 
 
@@ -111,8 +111,8 @@ def entry(target: Target, body: bytes) -> bytes:
 def message_entry(worker: str, msg: Dict[str, Any]) -> bytes:
     """``entry(worker, encode_body(msg))`` in one encoding (the relay forwards every message)."""
     e = json.dumps([worker, msg], separators=(",", ":")).encode()
-    if len(e) > protocol.MAX_FRAME:
-        raise protocol.ProtocolError(f"message of {len(e)} bytes exceeds the {protocol.MAX_FRAME}-byte frame limit")
+    if len(e) > wire.MAX_FRAME:
+        raise wire.ProtocolError(f"message of {len(e)} bytes exceeds the {wire.MAX_FRAME}-byte frame limit")
     return e
 
 
@@ -156,14 +156,14 @@ class Upstream:
 
     async def connect(self, address: str, secret: str, host: str, timeout_s: float = 120.0) -> None:
         h, _, port = address.rpartition(":")
-        reader, writer = await protocol.aconnect_paced(h, int(port), secret, timeout_s=timeout_s)
+        reader, writer = await wire.aconnect_paced(h, int(port), secret, timeout_s=timeout_s)
         sock = writer.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        writer.write(protocol.encode({"type": "relay", "node": self.node, "pid": os.getpid(), "host": host}))
+        writer.write(wire.encode({"type": "relay", "node": self.node, "pid": os.getpid(), "host": host}))
         self.writer = writer
         self._up = Batcher(UP, self._write)
-        frames = protocol.FrameProtocol(self._on_frame, self._closed)
+        frames = wire.FrameProtocol(self._on_frame, self._closed)
         frames.take_over(reader, writer)
         self._summaries = asyncio.ensure_future(self._summary_loop())
 
@@ -200,7 +200,7 @@ class Upstream:
         while self.writer is not None and not self.writer.is_closing():
             await asyncio.sleep(self.interval_s)
             if self._heard:
-                self._write(protocol.encode(self.summary(time.monotonic())))
+                self._write(wire.encode(self.summary(time.monotonic())))
 
     def _on_frame(self, msg: Dict[str, Any]) -> None:
         if msg.get("type") != "down":
@@ -252,19 +252,19 @@ class Relay:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            await protocol.aserver_handshake(reader, writer, self.secret, timeout_s=5.0)
-            hello = await asyncio.wait_for(protocol.arecv_msg(reader), 30.0)
+            await wire.aserver_handshake(reader, writer, self.secret, timeout_s=5.0)
+            hello = await asyncio.wait_for(wire.arecv_msg(reader), 30.0)
             wid = f"{hello.get('node')}.{hello.get('local')}"
             if hello.get("type") != "hello" or hello.get("node") != self.node or wid in self.local:
-                raise protocol.ProtocolError(f"unexpected hello {hello!r} at node {self.node}'s relay")
-        except (protocol.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as e:
+                raise wire.ProtocolError(f"unexpected hello {hello!r} at node {self.node}'s relay")
+        except (wire.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as e:
             log.warning("node %s: rejected a local connection: %s", self.node, str(e) or type(e).__name__)
             writer.close()
             return
         self.local[wid] = writer
         self.up.forward(wid, hello)
         closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
-        protocol.FrameProtocol(lambda m: self.up.forward(wid, m), lambda why: closed.done() or closed.set_result(why)).take_over(reader, writer)
+        wire.FrameProtocol(lambda m: self.up.forward(wid, m), lambda why: closed.done() or closed.set_result(why)).take_over(reader, writer)
         try:
             why = await closed
         except asyncio.CancelledError:  # the relay is ending (asyncio.run cancels what is left): nothing to report
@@ -276,7 +276,7 @@ class Relay:
         writer.close()
 
     def _deliver(self, workers: List[str], msg: Dict[str, Any]) -> None:
-        frame = protocol.encode(msg)
+        frame = wire.encode(msg)
         if msg.get("type") == "stop":
             self.stopped.update(workers)
         for wid in workers:
@@ -298,7 +298,7 @@ class Relay:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ckptless_hpc.relay", description="a node's relay to the coordinator (cluster.control=node)")
+    p = argparse.ArgumentParser(prog="python -m ckptless_hpc.control.relay", description="a node's relay to the coordinator (cluster.control=node)")
     p.add_argument("--coordinator", required=True, help="HOST:PORT of the coordinator's control server")
     p.add_argument("--node", required=True)
     p.add_argument("--path", required=True, help="the node-local Unix socket the workers connect to")
@@ -306,7 +306,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--host", default="auto")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s %(levelname)s node={a.node} %(name)s: %(message)s")
-    relay = Relay(a.node, a.coordinator, a.path, protocol.load_secret(), a.interval, protocol.resolve_host(a.host))
+    relay = Relay(a.node, a.coordinator, a.path, wire.load_secret(), a.interval, wire.resolve_host(a.host))
     why = asyncio.run(relay.run())
     log.info("node %s: relay done (%s)", a.node, why)
     return 0

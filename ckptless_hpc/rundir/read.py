@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .coordinator.planner import initial_ranks
+from ..coordinator.planner import initial_ranks
 
 Event = Dict[str, Any]
 

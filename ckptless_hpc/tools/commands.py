@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
 
-from .rundir import Progress, Run, RunDirError, expand_paths, load_run, progress, rank_history, worker_pids
+from ..rundir.read import Progress, Run, RunDirError, expand_paths, load_run, progress, rank_history, worker_pids
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 PROG = "ckptless-hpc"
@@ -76,12 +76,12 @@ class SlurmQueue:
 
     def states(self, job_ids: Sequence[str]) -> Dict[str, str]:
         """job id -> state (PENDING, RUNNING, ...) for the jobs squeue still lists."""
-        from .slurm import commands
+        from ..slurm import commands
 
         return commands.job_states([_check_job_id(j) for j in job_ids])
 
     def cancel(self, job_id: str) -> None:
-        from .slurm import commands
+        from ..slurm import commands
 
         commands.cancel_job(_check_job_id(job_id))
 
@@ -492,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
-    from .state import export  # imports torch: only this command pays for it
+    from ..state import export  # imports torch: only this command pays for it
 
     try:
         rec = export.write_model(export.load_full_model(args.path), args.out)

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, Optional
 
-from ..record import write_json
+from .record import write_json
 
 FILE = "restart.json"
 

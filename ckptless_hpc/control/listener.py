@@ -5,14 +5,14 @@ state server), so that no stranger can end or wedge it:
   memory: ENOBUFS, ENOMEM; the peer gone: ECONNABORTED, EPROTO) is logged (the first at once,
   then at most once per ``LOG_EVERY_S`` with the count since) and retried after a pause that
   doubles from ``FIRST_PAUSE_S`` to ``MAX_PAUSE_S``; only ``close()`` ends the loop.
-- A connection has ``handshake_s`` in all to authenticate (``protocol.server_handshake``'s
+- A connection has ``handshake_s`` in all to authenticate (``wire.server_handshake``'s
   deadline: a peer dripping one byte at a time gets no more time than a silent one).
 - At most ``preauth`` connections are in their handshake at once. A newcomer finding them all
   taken evicts the oldest if that one has had ``EVICT_AGE_S`` already: a drip or a half-open
   flood cannot keep out a peer that knows the secret (its handshake takes milliseconds). Else
   the newcomer is refused: a stranger reconnecting as soon as it is evicted cannot evict in turn
   the peer that just took its slot, and a peer refused in a burst of its own kind retries
-  (``protocol.connect_paced``, a fetch's next attempt).
+  (``wire.connect_paced``, a fetch's next attempt).
 - At most ``authed`` authenticated connections are served at once; one more is refused.
 
 Every refusal reaches ``on_reject(addr, why)`` (the caller counts, logs and reports it) and
@@ -29,7 +29,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, Dict, Optional
 
-from . import protocol
+from . import wire
 
 log = logging.getLogger(__name__)
 
@@ -173,9 +173,9 @@ class Listener:
 
     def _authenticate(self, conn: socket.socket, addr: Any) -> bool:
         try:
-            protocol.server_handshake(conn, self._secret, timeout_s=self.handshake_s)
+            wire.server_handshake(conn, self._secret, timeout_s=self.handshake_s)
             why = None
-        except (protocol.ProtocolError, OSError) as e:
+        except (wire.ProtocolError, OSError) as e:
             why = str(e) or type(e).__name__
             if isinstance(e, ConnectionError):
                 why = f"connection closed before authentication ({type(e).__name__}: {why})"

@@ -5,7 +5,7 @@
 
 ``cluster=slurm`` submits real jobs to the project's Slurm mini-cluster (as root, from a source
 checkout: tests/slurm_cluster/up.sh 4) and injects faults from outside: crashed nodes, a killed
-slurmd, a cancelled step, the lost batch host, preemption signals (``ckptless_hpc/slurm/chaos.py``;
+slurmd, a cancelled step, the lost batch host, preemption signals (``ckptless_hpc/chaos/slurm.py``;
 its defaults: ``task=lm steps=1500 nodes=2 out=chaos-slurm timeout_s=600 redraws=2``).
 
 Each run injects 1-3 faults (kinds, ranks, steps and moments of the recovery protocol drawn at
@@ -52,7 +52,7 @@ def parse_args(argv: Sequence[str]) -> Dict[str, Any]:
         raise ValueError(f"cluster={given['cluster']!r}: unknown backend. HINT: cluster=local (default) or cluster=slurm")
     opts.update(SLURM_DEFAULTS if given.get("cluster") == "slurm" else {}, **given)
     if opts["cluster"] == "slurm":
-        from .slurm import chaos as slurm_chaos
+        from . import slurm as slurm_chaos
 
         slurm_chaos.parse_kinds(opts["kinds"])
         if opts["nodes"] != 2 or opts["workers_per_node"] != 1:
@@ -99,7 +99,7 @@ def random_schedule(rng: random.Random, steps: int, nodes: int, workers_per_node
 def _survives_two(opts: Dict[str, Any]) -> bool:
     """Whether the soak's layout survives two losses in one recovery (every copy placed on
     another node: ddp always; sharded modes with two copies or three replicas)."""
-    from .state.placement import layout_tolerance
+    from ..state.placement import layout_tolerance
 
     world = opts["nodes"] * opts["workers_per_node"]
     return layout_tolerance(opts["parallel"], world, opts["workers_per_node"], _factor(opts), _shard_size(opts)) >= 2 or opts["parallel"] == "ddp"
@@ -204,8 +204,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _main_slurm(opts: Dict[str, Any]) -> int:
-    from .slurm import chaos as slurm_chaos
-    from .slurm.minicluster import ClusterError
+    from . import slurm as slurm_chaos
+    from ..slurm.minicluster import ClusterError
 
     base = [f"task={opts['task']}", f"train.steps={opts['steps']}", "cluster.nodes=2", "cluster.workers_per_node=1", f"parallel={opts['parallel']}"]
     out = os.path.abspath(opts["out"])

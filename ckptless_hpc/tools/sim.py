@@ -38,7 +38,7 @@ bytes (parameters, buffers, scalars) must arrive before the first step; the rest
 moments) may arrive during the first step's forward and backward, ``overlap_s`` of compute that
 hides that much of it.
 
-``python -m ckptless_hpc.sim --gpus 16384`` prints the comparison; ``--help`` lists the costs.
+``python -m ckptless_hpc.tools.sim --gpus 16384`` prints the comparison; ``--help`` lists the costs.
 """
 
 from __future__ import annotations
@@ -310,7 +310,7 @@ def format_table(points: Sequence[Point]) -> str:
 def _parser() -> argparse.ArgumentParser:
     d = Costs()
     p = argparse.ArgumentParser(
-        prog="python -m ckptless_hpc.sim",
+        prog="python -m ckptless_hpc.tools.sim",
         description="Goodput of checkpointless recovery vs checkpoint-restart (optimal Young/Daly interval) at scale.",
     )
     p.add_argument("--gpus", type=int, action="append", help=f"GPU count (repeatable; default {', '.join(map(str, DEFAULT_GPUS))})")
@@ -327,7 +327,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         points = sweep(costs, args.gpus or DEFAULT_GPUS, args.failures_per_gpu_hour)
     except ValueError as e:
-        print(f"ckptless_hpc.sim: {e}", file=sys.stderr)
+        print(f"ckptless_hpc.tools.sim: {e}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps({"costs": asdict(costs), "points": [p.as_dict() for p in points]}, indent=2))

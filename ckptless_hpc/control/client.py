@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
-from .. import protocol
+from . import wire
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +36,9 @@ class ControlClient:
     def connect(cls, address: str, secret: str, **kw: Any) -> "ControlClient":
         """``address``: HOST:PORT of the coordinator, or the path of the node's relay socket."""
         if address.startswith("/"):
-            return cls(protocol.connect_unix(address, secret), **kw)
+            return cls(wire.connect_unix(address, secret), **kw)
         host, _, port = address.rpartition(":")
-        return cls(protocol.connect_paced(host, int(port), secret), **kw)
+        return cls(wire.connect_paced(host, int(port), secret), **kw)
 
     def fileno(self) -> int:
         """The control socket's descriptor (a forked child must close its copy)."""
@@ -46,7 +46,7 @@ class ControlClient:
 
     def send(self, msg: Dict[str, Any]) -> None:
         msg.setdefault("t", time.time())
-        data = protocol.encode(msg)
+        data = wire.encode(msg)
         try:
             with self._lock:
                 self._sock.sendall(data)
@@ -64,10 +64,10 @@ class ControlClient:
     def _read_loop(self) -> None:
         try:
             while True:
-                msg = protocol.recv_msg(self._sock)
+                msg = wire.recv_msg(self._sock)
                 self._on_message(msg)
                 self.inbox.put(msg)
-        except (OSError, ConnectionError, protocol.ProtocolError) as e:
+        except (OSError, ConnectionError, wire.ProtocolError) as e:
             self._on_lost(f"control channel closed: {e}")
 
     def next_message(self, timeout_s: Optional[float] = None) -> Optional[Dict[str, Any]]:

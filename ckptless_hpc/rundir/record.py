@@ -23,7 +23,7 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
-log = logging.getLogger("ckptless_hpc.record")
+log = logging.getLogger("ckptless_hpc.rundir.record")
 
 #: Files that hold a model's state (the emergency copy, its shards): the owner's only.
 STATE_FILE_MODE = 0o600

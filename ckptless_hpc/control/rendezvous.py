@@ -1,7 +1,7 @@
 """The job's rendezvous store, authenticated: what every generation's group exchanges to form
 (gloo's peer addresses, NCCL's unique id) goes through a key-value server in the coordinator
 that accepts nothing before the peer proves it knows the job secret (the handshake of
-:mod:`ckptless_hpc.protocol`). torch's TCPStore has no authentication: anyone who could reach
+:mod:`ckptless_hpc.control.wire`). torch's TCPStore has no authentication: anyone who could reach
 its port could list, read and overwrite the job's keys and break every later generation.
 
 ``AuthStore`` is a ``torch.distributed.Store`` (the Python trampoline) over one authenticated
@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 
 import torch.distributed as dist
 
-from . import protocol
+from . import wire
 from .listener import Listener
 
 log = logging.getLogger(__name__)
@@ -53,9 +53,9 @@ class StoreServer:
         try:
             conn.settimeout(None)
             while True:
-                req = protocol.recv_msg(conn)
-                protocol.send_msg(conn, {"type": "store", **self._answer(req)})
-        except (protocol.ProtocolError, KeyError, TypeError, ValueError) as e:
+                req = wire.recv_msg(conn)
+                wire.send_msg(conn, {"type": "store", **self._answer(req)})
+        except (wire.ProtocolError, KeyError, TypeError, ValueError) as e:
             self._listener.reject(addr, str(e))
         except (ConnectionError, OSError):
             pass
@@ -118,13 +118,13 @@ class AuthStore(dist.Store):
         self._addr = f"{host}:{port}"
         self._sock: Optional[socket.socket] = None
         # paced: a connection refused by a store busy with strangers' handshakes is tried again
-        self._sock = protocol.connect_paced(host, port, secret, timeout_s=timeout_s, first_wait_s=min(10.0, timeout_s))
+        self._sock = wire.connect_paced(host, port, secret, timeout_s=timeout_s, first_wait_s=min(10.0, timeout_s))
 
     def _call(self, **req: Any) -> Any:
         with self._lock:
             self._sock.settimeout(self._timeout_s + 10.0)  # the server answers a blocking get at its timeout
-            protocol.send_msg(self._sock, {"type": "store", **req})
-            ans = protocol.recv_msg(self._sock)
+            wire.send_msg(self._sock, {"type": "store", **req})
+            ans = wire.recv_msg(self._sock)
         if not ans.get("ok"):
             raise RuntimeError(f"store {self._addr}: {req['op']} failed: {ans.get('error')}")
         return ans.get("value")
