@@ -84,6 +84,10 @@ class ShardCopies:
         self.waited_s += seconds
         self.waits += 1
 
+    def nbytes(self) -> int:
+        """Host memory its snapshots and the copies it holds for peers take."""
+        return self.store.nbytes()
+
     def costs(self) -> Dict[str, float]:
         """For the ``done`` message: the waits, the snapshots and the bytes sent to holders."""
         return {"wait_s": round(self.waited_s, 6), "waits": self.waits, "snapshots": self.snapshots,

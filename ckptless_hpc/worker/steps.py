@@ -87,7 +87,7 @@ class Steps:
         done = {"type": "done", "gen": gen, "rank": s.rank, "step": s.step, "sha256": state_sha256(entries, meta)}
         if self.shards is not None:
             done["shard"] = self.shards.shard
-            done["copies_bytes"] = self.shards.store.nbytes()  # host memory its snapshots and held copies take
+            done["copies_bytes"] = self.shards.nbytes()  # host memory its snapshots and held copies take
             done["copy_costs"] = self.shards.costs()  # its waits for acks, snapshots, bytes sent (bench B8)
         self.client.send(done)
 
