@@ -39,6 +39,11 @@ START_FAILED = "start failed: "  # held.reason prefix: it could not get the stat
 COLLECTIVE_ERROR = "collective error: "  # held.reason prefix: a collective failed under it
 
 
+def held_reason(prefix: str, why: Any) -> str:
+    """A free-text ``held`` reason after its closed prefix (START_FAILED, COLLECTIVE_ERROR)."""
+    return f"{prefix}{why}"
+
+
 class Part(str, Enum):
     """What of a state a ``fetch`` asks for (``part``; state/transfer.py ``Want``)."""
 
@@ -156,6 +161,11 @@ class Held(_Message):
     reason: Optional[str] = None  # HeldReason.ABORT, or START_FAILED/COLLECTIVE_ERROR + why
     inventory: Optional[Dict[str, Any]] = None  # sharded: shard id -> steps it can serve
     blame: Optional[List[str]] = None  # start failed: the state sources that could not serve it
+
+    @property
+    def start_failed(self) -> bool:
+        """It could not get the state of its new generation (reason ``start failed: ...``)."""
+        return str(self.reason).startswith(START_FAILED.rstrip(": "))
 
 
 @dataclass(frozen=True)
@@ -717,6 +727,15 @@ def parse(msg: Dict[str, Any], kinds: Mapping[str, Type[Any]] = KINDS) -> Option
         else:
             args.append(_check(kind, name, base, value, required))  # type: ignore[arg-type]
     return cls(*args)
+
+
+ToWorker = Union[Config, Assign, Abort, Stop, FaultAck, Inject, CopyAt, Save, Export, Dropped]
+
+
+def kind(msg: Mapping[str, Any], kinds: Mapping[str, Type[Any]]) -> Optional[Type[Any]]:
+    """The class of ``msg`` in ``kinds`` (None: none there), its fields unchecked: for an end that
+    forwards the dict as it is (a relay) or checks its fields itself (the handshake)."""
+    return kinds.get(msg.get("type"))  # type: ignore[arg-type]
 
 
 for _cls in KINDS.values():  # the coordinator's kinds worked out now: the first recovery pays nothing

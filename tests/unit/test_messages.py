@@ -152,3 +152,11 @@ def test_parse_keeps_todays_leniency():
     assert M.parse({"type": "no-such-kind"}) is None
     assert M.parse({"type": "hello", "node": "n0", "local": 0, "pid": 1, "host": "h"}) is None  # the coordinator reads a hello before, in place
     assert M.parse({"type": "assign", "gen": 1}) is None  # not a worker's message
+
+
+def test_held_reasons_and_kind():
+    assert M.held_reason(M.START_FAILED, "no source") == "start failed: no source"
+    assert M.Held(reason=M.held_reason(M.START_FAILED, "x")).start_failed and not M.Held(reason="abort").start_failed
+    assert not M.Held(reason=M.held_reason(M.COLLECTIVE_ERROR, "gloo")).start_failed and not M.Held().start_failed
+    assert M.kind({"type": "stop", "save": 3}, M.TO_WORKER) is M.Stop  # fields unchecked
+    assert M.kind({"type": "hb"}, M.TO_WORKER) is None
