@@ -84,6 +84,7 @@ class _Message:
         return msg
 
 
+Encodable = _Message  # the base of every message class (annotations, isinstance)
 _NAMES: Dict[type, Tuple[str, ...]] = {}
 
 
