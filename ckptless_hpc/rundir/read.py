@@ -16,17 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..coordinator.planner import initial_ranks
+from .paths import RunPaths
 
 Event = Dict[str, Any]
 
 #: How far before a detection a fault injection may lie and still be "the" failure
 #: (mirrors the coordinator: heartbeat timeout plus two intervals).
 _DEFAULT_FAULT_WINDOW_S = 4.0
-
-
-#: Files that make a directory a run directory: events (the coordinator started), the summary
-#: (it ended), job.json (a Slurm job was submitted and may still be pending).
-RUN_MARKERS = ("events.jsonl", "summary.json", "job.json")
 
 
 class RunDirError(ValueError):
@@ -42,6 +38,10 @@ class Run:
     summary: Optional[Dict[str, Any]] = None
     config: Optional[Dict[str, Any]] = None
     overrides: List[str] = field(default_factory=list)
+
+    @property
+    def paths(self) -> RunPaths:
+        return RunPaths(self.path)
 
     @property
     def name(self) -> str:
@@ -70,11 +70,11 @@ class Run:
         return next((e for e in reversed(self.events) if e.get("event") == "job_started"), {})
 
     def log_path(self, worker: str) -> str:
-        return os.path.join(self.path, "logs", f"{worker}.log")
+        return self.paths.worker_log(worker)
 
     @property
     def coordinator_log(self) -> str:
-        return os.path.join(self.path, "coordinator.log")
+        return self.paths.coordinator_log
 
 
 # ------------------------------------------------------------------------------ loading
@@ -84,9 +84,9 @@ def load_run(path: str) -> Run:
         raise RunDirError(f"run directory {path!r} does not exist. HINT: pass the job's hydra.run.dir (default outputs/DATE/TIME)")
     if not os.path.isdir(path):
         raise RunDirError(f"{path!r} is a file, not a run directory. HINT: pass the directory that holds events.jsonl")
-    ev_path = os.path.join(path, "events.jsonl")
-    sm_path = os.path.join(path, "summary.json")
-    if not any(os.path.exists(os.path.join(path, f)) for f in RUN_MARKERS):
+    paths = RunPaths(path)
+    ev_path, sm_path = paths.events, paths.summary
+    if not paths.is_run_dir():
         children = run_dirs_below(path)
         hint = (
             f"it holds {len(children)} run directories (a sweep?): pass them, e.g. {children[0]!r}"
@@ -113,7 +113,7 @@ def run_dirs_below(path: str) -> List[str]:
         names = os.listdir(path)
     except OSError:
         return []
-    found = [os.path.join(path, n) for n in names if any(os.path.isfile(os.path.join(path, n, f)) for f in RUN_MARKERS)]
+    found = [os.path.join(path, n) for n in names if any(os.path.isfile(m) for m in RunPaths(os.path.join(path, n)).markers)]
     return sorted(found, key=lambda p: _natural_key(os.path.basename(p)))
 
 
@@ -121,7 +121,7 @@ def expand_paths(paths: Sequence[str]) -> List[str]:
     """Each path as given, or, for a sweep directory (Hydra ``-m``), the run directories in it."""
     out: List[str] = []
     for p in paths:
-        is_run = any(os.path.exists(os.path.join(p, f)) for f in RUN_MARKERS)
+        is_run = RunPaths(p).is_run_dir()
         below = [] if is_run else run_dirs_below(p)
         out.extend(below or [p])
     return out
@@ -158,7 +158,7 @@ def _read_text(path: str) -> str:
 
 
 def _load_config(path: str) -> Optional[Dict[str, Any]]:
-    cfg = os.path.join(path, ".hydra", "config.yaml")
+    cfg = RunPaths(path).hydra_config
     if not os.path.exists(cfg):
         return None
     from omegaconf import OmegaConf
@@ -170,7 +170,7 @@ def _load_config(path: str) -> Optional[Dict[str, Any]]:
 
 
 def _load_overrides(path: str) -> List[str]:
-    p = os.path.join(path, ".hydra", "overrides.yaml")
+    p = RunPaths(path).hydra_overrides
     if not os.path.exists(p):
         return []
     from omegaconf import OmegaConf

@@ -8,13 +8,13 @@ worker's last resort (worker/last_resort.py) when the coordinator itself is gone
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, Optional
 
+from .paths import RESTART, RunPaths
 from .record import write_json
 
-FILE = "restart.json"
+FILE = RESTART
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Restart:
 
 def write(run_dir: str, restart: Restart) -> str:
     """Replace ``run_dir``/restart.json with ``restart`` in one step (record.atomic_write); its path."""
-    path = os.path.join(run_dir, FILE)
+    path = RunPaths(run_dir).restart
     write_json(path, restart.to_json())  # RecordError (the old file untouched) when it cannot
     return path
 
