@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..rundir.read import split_attempts
+from ..rundir.events import split_attempts
 from ..slurm import commands, minicluster, watch
 from .local import CHAOS_FILE
 

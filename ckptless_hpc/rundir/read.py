@@ -15,18 +15,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..coordinator.planner import initial_ranks
+from .events import Event, RunDirError, read_events, split_attempts
+from .events import parse_events as parse_events  # re-exported: events.py owns it
+from .numbering import initial_ranks, node_order
 from .paths import RunPaths
 
-Event = Dict[str, Any]
 
 #: How far before a detection a fault injection may lie and still be "the" failure
 #: (mirrors the coordinator: heartbeat timeout plus two intervals).
 _DEFAULT_FAULT_WINDOW_S = 4.0
-
-
-class RunDirError(ValueError):
-    """A path that is not (or not yet) a readable run directory; the message has a HINT."""
 
 
 @dataclass
@@ -85,7 +82,7 @@ def load_run(path: str) -> Run:
     if not os.path.isdir(path):
         raise RunDirError(f"{path!r} is a file, not a run directory. HINT: pass the directory that holds events.jsonl")
     paths = RunPaths(path)
-    ev_path, sm_path = paths.events, paths.summary
+    sm_path = paths.summary
     if not paths.is_run_dir():
         children = run_dirs_below(path)
         hint = (
@@ -94,7 +91,7 @@ def load_run(path: str) -> Run:
             else "a run directory holds events.jsonl from the moment the job starts; pass the job's hydra.run.dir"
         )
         raise RunDirError(f"{path!r} is not a run directory (no events.jsonl, summary.json or job.json). HINT: {hint}")
-    events = parse_events(_read_text(ev_path)) if os.path.exists(ev_path) else []
+    events = read_events(path)
     summary = None
     if os.path.exists(sm_path):
         try:
@@ -124,31 +121,6 @@ def expand_paths(paths: Sequence[str]) -> List[str]:
         is_run = RunPaths(p).is_run_dir()
         below = [] if is_run else run_dirs_below(p)
         out.extend(below or [p])
-    return out
-
-
-def parse_events(text: str) -> List[Event]:
-    """One event per line; a torn last line (the job is still writing it) is skipped."""
-    events = []
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                raise RunDirError(f"events.jsonl line {i + 1} is not JSON: {line[:80]!r}. HINT: the file was edited or truncated") from None
-    return events
-
-
-def split_attempts(events: Sequence[Event]) -> List[List[Event]]:
-    """Events grouped per coordinator start (each attempt opens with ``job_started``)."""
-    out: List[List[Event]] = []
-    for e in events:
-        if e.get("event") == "job_started" or not out:
-            out.append([])
-        out[-1].append(e)
     return out
 
 
@@ -193,12 +165,6 @@ def _split_digits(s: str) -> List[str]:
             cur = ""
         cur += ch
     return parts + ([cur] if cur else [])
-
-
-def node_order(name: str) -> Tuple:
-    """Nodes sort as the coordinator numbers them: local2 < local10."""
-    digits = "".join(ch for ch in name if ch.isdigit())
-    return (name.rstrip("0123456789"), int(digits) if digits else -1, name)
 
 
 # ------------------------------------------------------------------------------ membership

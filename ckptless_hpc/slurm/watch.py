@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from ..rundir.events import read_events, split_attempts
 from ..rundir.paths import LOGS, SUBMITIT, RunPaths
-from ..rundir.read import parse_events, split_attempts
 from . import commands
 
 Event = Dict[str, Any]
@@ -43,10 +43,7 @@ def wait_for(what: str, condition: Callable[[], Any], within_s: float, poll_s: f
 
 def events(run_dir: Path) -> List[Event]:
     """Every event so far (all attempts); [] before the coordinator started."""
-    try:
-        return parse_events(Path(RunPaths(str(run_dir)).events).read_text(errors="replace"))
-    except FileNotFoundError:
-        return []
+    return read_events(str(run_dir))
 
 
 def wait_event(run_dir: Path, pred: Callable[[Event], bool], what: str, within_s: float = 120) -> Event:
