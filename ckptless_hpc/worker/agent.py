@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 
 from .. import faults as faultlib
+from ..control import messages as m
 from ..control.client import ControlClient, exit_now
 from ..state.snapshot import state_nbytes
 from ..state.transfer import Arena, StateServer, TransferError
@@ -58,6 +59,16 @@ from .storage import StorageCopy
 log = logging.getLogger("ckptless_hpc.worker")
 
 ORPHANED_SPARE_WAIT_S = 10.0  # a rank claims the last-resort lock at once; a spare acts only if none did
+
+
+class _Orphaned:
+    """Queued behind the coordinator's messages when it is gone (Slurm): the main thread's turn
+    to run the last resort. Not a message: nothing sends it."""
+
+
+ORPHANED = _Orphaned()
+# taken by the control reader thread as they arrive (a main thread blocked in a collective is woken)
+ON_ARRIVAL = {c.TYPE: c for c in (m.FaultAck, m.Abort, m.Stop, m.CopyAt, m.Dropped)}
 
 
 @dataclass(frozen=True)
@@ -122,32 +133,31 @@ class Agent:
         self.faults = FaultInjector(self.client, self.standing)
         from ..slurm.env import SlurmEnvironment
 
-        hello = {"type": "hello", "node": self.me.node, "local": self.me.local_index, "pid": os.getpid(), "host": self.me.host}
-        hello["slurm_step"] = SlurmEnvironment().step_id
-        self.client.send(hello)
-        msg = self.client.next_message(timeout_s=60)
-        if msg is None or msg.get("type") != "config":
-            log.error("expected the config from the coordinator, got %r", msg)
+        self.client.send(m.Hello(self.me.node, self.me.local_index, os.getpid(), self.me.host, SlurmEnvironment().step_id))
+        raw = self.client.next_message(timeout_s=60)
+        msg = m.parse(raw, {m.Config.TYPE: m.Config}) if raw is not None else None
+        if not isinstance(msg, m.Config):
+            log.error("expected the config from the coordinator, got %r", raw)
             exit_now(EXIT_STARTUP_ERROR)
         # only a job of the Slurm backend saves and requeues when its coordinator is gone: a
         # local run inside an salloc also sees SLURM_JOB_ID, and must never requeue that job
-        on_slurm = msg["config"]["cluster"]["backend"] == "slurm" and bool(SlurmEnvironment().job_id)
-        self.job = JobInfo(msg.get("run_dir"), on_slurm, bool(msg.get("spare")))
-        self.ctx["job"] = msg.get("job", "-")
+        on_slurm = msg.config["cluster"]["backend"] == "slurm" and bool(SlurmEnvironment().job_id)
+        self.job = JobInfo(msg.run_dir, on_slurm, bool(msg.spare))
+        self.ctx["job"] = msg.job
         # heartbeats start before the (possibly slow) build so that building is not silence
         self.client.heartbeat_fields = self.standing.heartbeat
-        self.client.start_heartbeats(float(msg["config"]["cluster"]["heartbeat_interval_s"]))
+        self.client.start_heartbeats(float(msg.config["cluster"]["heartbeat_interval_s"]))
         try:
-            built = self.build(msg["config"], msg["store"])
+            built = self.build(msg.config, msg.store)
         except Exception:
             tb = traceback.format_exc()
             log.error("start-up failed:\n%s", tb)
-            self.client.send({"type": "startup_error", "traceback": tb})
+            self.client.send(m.StartupError(tb))
             time.sleep(0.2)
             exit_now(EXIT_STARTUP_ERROR)
         self.client.send(built)
 
-    def build(self, config: Dict[str, Any], store_addr: str) -> Dict[str, Any]:
+    def build(self, config: Dict[str, Any], store_addr: str) -> m.Built:
         """The engine and every collaborator, from the coordinator's config; the ``built`` message."""
         from hydra.utils import instantiate
         from omegaconf import OmegaConf
@@ -180,7 +190,7 @@ class Agent:
         if self.job.spare:
             self._warm_up(state_bytes, device)
         log.info("built %s; state %.1f MB; serving state on %s:%d", task.describe(), state_bytes / 1e6, self.me.host, self.server.port)
-        return {"type": "built", "state_port": self.server.port, "pid": os.getpid(), "state_bytes": state_bytes, "params": engine.n_params, **engine.layout()}
+        return m.Built(self.server.port, state_bytes, engine.n_params, pid=os.getpid(), **engine.layout())
 
     def _warm_up(self, state_bytes: int, device: torch.device) -> None:
         """An idle spare: FSDP2 pre-warmed (its first real fully_shard is then fast, docs/sharding.md),
@@ -193,19 +203,19 @@ class Agent:
         threading.Thread(target=lambda: setattr(peers, "arena", Arena(3 * state_bytes + (1 << 20), pinned=device.type == "cuda")), daemon=True).start()
 
     # ------------------------------------------------------------------ control
-    def _on_message(self, msg: Dict[str, Any]) -> None:
+    def _on_message(self, raw: Dict[str, Any]) -> None:
         """In the control reader thread, before the message is queued: what must not wait for the main thread."""
-        kind = msg.get("type")
-        if kind == "fault_ack":
-            self.faults.ack(int(msg["index"]))
-        elif kind == "abort":
-            self.waiter.abort(int(msg["gen"]))
-        elif kind == "stop":
+        msg = m.parse(raw, ON_ARRIVAL)
+        if isinstance(msg, m.FaultAck):
+            self.faults.ack(msg.index)
+        elif isinstance(msg, m.Abort):
+            self.waiter.abort(msg.gen)
+        elif isinstance(msg, m.Stop):
             self.waiter.stop()
-        elif kind == "copy_at":  # train.save_every_s: a copy of that step (worker/periodic.py)
-            self.periodic.ask(int(msg["step"]))
-        elif kind == "dropped" and not self.waiter.stopping:  # declared failed: its rank is replaced
-            log.error("the coordinator declared this worker failed (%s): exiting without a copy or a requeue", str(msg.get("why"))[:300])
+        elif isinstance(msg, m.CopyAt):  # train.save_every_s: a copy of that step (worker/periodic.py)
+            self.periodic.ask(msg.step)
+        elif isinstance(msg, m.Dropped) and not self.waiter.stopping:  # declared failed: its rank is replaced
+            log.error("the coordinator declared this worker failed (%s): exiting without a copy or a requeue", str(msg.why)[:300])
             exit_now(EXIT_COORDINATOR_LOST)
 
     def _on_lost(self, why: str) -> None:
@@ -222,12 +232,12 @@ class Agent:
             else:
                 log.error("lost the coordinator (%s): a hot spare; waiting %.0f s for a rank to save and requeue", why, ORPHANED_SPARE_WAIT_S)
             self.waiter.orphan(why)
-            self.client.inbox.put({"type": "_orphaned"})
+            self.client.inbox.put(ORPHANED)
             return
         log.error("lost the coordinator (%s); exiting: a worker never outlives its coordinator", why)
         exit_now(EXIT_COORDINATOR_LOST)
 
-    def _last_resort(self, msg: Dict[str, Any]) -> None:
+    def _last_resort(self) -> None:
         """Coordinator gone on Slurm: save once and requeue (worker/last_resort.py); then exit."""
         if last_resort.coordinator_alive(self.me.coordinator, self.me.secret, self.me.name):
             log.error("the coordinator at %s is alive and dropped this worker (declared failed): exiting without a copy or a requeue", self.me.coordinator)
@@ -240,81 +250,82 @@ class Agent:
         )
         exit_now(EXIT_COORDINATOR_LOST)
 
-    def _handlers(self) -> Dict[str, Callable[[Dict[str, Any]], None]]:
-        """The main thread's handler of each message type (copy_at and fault_ack are taken on arrival: _on_message)."""
+    def _handlers(self) -> Dict[type, Callable[[Any], None]]:
+        """The main thread's handler of each message class (copy_at and fault_ack are taken on arrival: _on_message)."""
         return {
-            "_orphaned": self._last_resort,
-            "assign": self._on_assign,
-            "abort": self._on_abort,
-            "copy_at": lambda msg: None,
-            "fault_ack": lambda msg: None,
-            "inject": lambda msg: self.faults.fire_index(int(msg["index"]), self.standing.step),
-            "stop": lambda msg: self.storage.stop(msg.get("save")),
-            "save": lambda msg: self.storage.save_shard(msg["path"], int(msg["shard"]), int(msg["step"])),
-            "export": lambda msg: self.storage.export(msg["files"], msg["out"], int(msg["step"])),
+            m.Assign: self._on_assign,
+            m.Abort: self._on_abort,
+            m.CopyAt: lambda msg: None,
+            m.FaultAck: lambda msg: None,
+            m.Inject: lambda msg: self.faults.fire_index(msg.index, self.standing.step),
+            m.Stop: lambda msg: self.storage.stop(msg.save),
+            m.Save: lambda msg: self.storage.save_shard(msg.path, msg.shard, msg.step),
+            m.Export: lambda msg: self.storage.export(msg.files, msg.out, msg.step),
         }
 
     def serve_forever(self) -> None:
         handlers = self._handlers()
         while True:
-            msg = self.client.next_message()
-            handler = handlers.get(msg["type"])
+            raw = self.client.next_message()
+            if raw is ORPHANED:
+                self._last_resort()
+                continue
+            msg = m.parse(raw, m.TO_WORKER)
+            handler = handlers.get(type(msg))
             if handler is None:
-                log.warning("ignoring unknown message %r", msg["type"])
+                log.warning("ignoring unknown message %r", raw["type"])
             else:
                 handler(msg)
 
-    def _on_abort(self, msg: Dict[str, Any]) -> None:
+    def _on_abort(self, msg: m.Abort) -> None:
         self.faults.fire_due("recovery", self.standing.step)
-        self._send_held(int(msg["gen"]), reason="abort")
+        self._send_held(msg.gen, reason=m.HeldReason.ABORT.value)
 
     def _send_held(self, abort_gen: Optional[int], reason: str, blame: Sequence[str] = ()) -> None:
         held = self.peers.held_step()
-        msg = {"type": "held", "gen": self.standing.gen, "abort_gen": abort_gen, "step": held, "pid": os.getpid(), "reason": reason}
-        if blame:  # start failed: the state sources that could not serve it (the coordinator blames them)
-            msg["blame"] = list(blame)
-        if self.shards is not None:  # what it can serve: shard -> steps (live, snapshots, copies held for peers)
-            msg["inventory"] = {str(k): v for k, v in self.shards.inventory(held).items()}
-        self.client.send(msg)
+        # what it can serve (sharded): shard -> steps (live, snapshots, copies held for peers)
+        inventory = {str(k): v for k, v in self.shards.inventory(held).items()} if self.shards is not None else None
+        # start failed: the state sources that could not serve it (the coordinator blames them)
+        self.client.send(m.Held(self.standing.gen, abort_gen, held, os.getpid(), reason, inventory=inventory, blame=list(blame) or None))
 
     # ------------------------------------------------------------------ generations
-    def _on_assign(self, msg: Dict[str, Any]) -> None:
-        s, gen = self.standing, int(msg["gen"])
+    def _on_assign(self, msg: m.Assign) -> None:
+        s, gen = self.standing, msg.gen
         if self.waiter.abort_gen > gen:
             return  # superseded before we got to it; the abort that follows gets our answer
-        if msg.get("rank") is None and s.ready_rank is None:
+        if msg.rank is None and s.ready_rank is None:
             raise RuntimeError(f"gen {gen}: an assign without a rank, and this worker was never ready as any rank. HINT: this is a coordinator bug; please report it")
-        s.join(gen, s.ready_rank if msg.get("rank") is None else int(msg["rank"]), int(msg["world"]))  # no rank: keep the one it was last ready as
-        self.faults.done = set(msg.get("faults_done", []))
+        s.join(gen, s.ready_rank if msg.rank is None else msg.rank, msg.world)  # no rank: keep the one it was last ready as
+        self.faults.done = set(msg.faults_done)
         self.peers.drop_behind()  # a generation that never trained: the parameters alone are no state
-        target = int(msg["step"])
+        target = msg.step
         self.engine.take_rank(s.rank)
         if self.shards is not None:
-            self.shards.assign(gen, msg)
+            self.shards.assign(gen, msg.shard, msg.holders or [], msg.holds or [])
             if s.step != target and self.shards.restore(self.engine, target):
                 s.at(target)  # rolled back to its own snapshot: the newest step every shard is held at
         form_s = self._start_generation(msg, gen, target)
         if form_s is None:
             return
         s.ready_rank = s.rank
-        self.client.send({"type": "ready", "gen": gen, "rank": s.rank, "pid": os.getpid(), "form_s": form_s})
+        self.client.send(m.Ready(gen, s.rank, os.getpid(), form_s))
         log.info("generation %d formed: rank %d of %d at step %d; %s", gen, s.rank, s.world, s.step, " ".join(f"{k}={v}" for k, v in resources().items()))
         failed = self.steps.run(gen)
         if failed is not None:
-            self._send_held(None, reason=failed)
+            self._send_held(None, reason=failed)  # COLLECTIVE_ERROR + why
 
-    def _start_generation(self, msg: Dict[str, Any], gen: int, target: int) -> Optional[float]:
+    def _start_generation(self, msg: m.Assign, gen: int, target: int) -> Optional[float]:
         """The state of ``target`` (held, loaded or fetched), then the generation's group; the
         seconds the formation took, or None when it could not start (reported) or was aborted."""
         s, timeout_s = self.standing, self.cfg.cluster.recovery_timeout_s
         try:
-            if msg.get("load") and s.step != target:
-                self.storage.load(msg["load"])
+            if msg.load and s.step != target:
+                self.storage.load(msg.load)
             if s.step != target:
-                self.peers.fetch(msg.get("sources", []), gen, target, timeout_s)
+                self.peers.fetch(msg.sources, gen, target, timeout_s)
             s.holds_job_state = True  # loaded, fetched, or the fresh init of a job at step 0
             t0 = time.monotonic()
-            self.client.send({"type": "joining", "gen": gen, "step": s.step})
+            self.client.send(m.Joining(gen, s.step))
             self.groups.comm = self.waiter.run(lambda: self.groups.form(gen, s.rank, s.world), gen, timeout_s, "form-group")
             self.engine.bind(self.groups.comm)
             if self.shards is not None:  # after the bind: a promoted FSDP spare holds its shard only once sharded
@@ -323,6 +334,6 @@ class Agent:
             return None
         except (CollectiveError, TransferError) as e:
             log.error("generation %d could not start: %s", gen, e)
-            self._send_held(None, reason=f"start failed: {e}", blame=getattr(e, "sources", ()))
+            self._send_held(None, reason=m.held_reason(m.START_FAILED, e), blame=getattr(e, "sources", ()))
             return None
         return time.monotonic() - t0

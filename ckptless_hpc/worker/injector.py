@@ -11,6 +11,7 @@ import time
 from typing import Any, List, Optional, Set
 
 from .. import faults as faultlib
+from ..control.messages import FaultFired
 from .standing import Standing
 
 log = logging.getLogger("ckptless_hpc.worker")
@@ -38,7 +39,7 @@ class FaultInjector:
 
     def report(self, fault: faultlib.Fault, at: str, gen: int, step: Optional[int]) -> None:
         """Tell the coordinator that ``fault`` fires (so it is never repeated)."""
-        self.client.send({"type": "fault", "index": fault.index, "kind": fault.kind, "at": at, "gen": gen, "rank": self.standing.rank, "step": step, "pid": os.getpid()})
+        self.client.send(FaultFired(fault.index, fault.kind, at, gen, self.standing.rank, step, os.getpid()))
 
     def fire(self, fault: faultlib.Fault, step: Optional[int]) -> None:
         """Report ``fault``, and act on ourselves once the coordinator has recorded it (at most

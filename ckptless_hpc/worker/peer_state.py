@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from .. import faults as faultlib
+from ..control.messages import Fetched, TransferFailed
 from ..state.fetch import Behind, Source, fetch
 from ..state.transfer import Arena, StaleState, TransferError, Want
 from .injector import FaultInjector
@@ -70,7 +71,7 @@ class PeerState:
         t0 = time.monotonic()
         (self.engine.apply_first if split else self.engine.apply)(got.received.entries, got.received.meta)
         self.standing.at(target)
-        self.client.send({"type": "fetched", "gen": gen, "source": ",".join(got.by_source), "bytes": got.received.nbytes, "seconds": got.received.seconds, "apply_s": time.monotonic() - t0})
+        self.client.send(Fetched(gen, ",".join(got.by_source), got.received.nbytes, got.received.seconds, time.monotonic() - t0))
         log.info("received %s: %.1f MB at step %d from %s in %.3fs (checksum ok)", want.describe(), got.received.nbytes / 1e6, target, _by_source(got.by_source), got.received.seconds)
         if split:
             rest = Want(gen, target, None, "rest")
@@ -83,7 +84,7 @@ class PeerState:
             if want.part == "rest" and self._behind_t0 is not None:
                 what += f", received behind step {want.step} (started {time.monotonic() - self._behind_t0:.3f}s before)"
             log.warning("state fetch from %s failed: %s: %s", src.worker, what, e)
-            self.client.send({"type": "transfer_error", "gen": gen, "source": src.worker, "error": f"{what}: {e}"})
+            self.client.send(TransferFailed(gen, src.worker, f"{what}: {e}"))
 
         return report
 

@@ -15,6 +15,7 @@ import time
 from typing import Any, List, Optional
 
 from ..control.client import exit_now
+from ..control.messages import COLLECTIVE_ERROR, Done, Eval, Metrics, NonFinite, held_reason
 from ..state.snapshot import state_sha256
 from ..train import cuda
 from ..train.engine import StepResult
@@ -70,7 +71,7 @@ class Steps:
             self._abandon()
             log.warning("collective failed at step %d: %s", s.step, e)
             s.training = False
-            return f"collective error: {e}"
+            return held_reason(COLLECTIVE_ERROR, e)
         except Exception as e:
             if cuda.poisons_context(e):  # never "recovered" in place: the spare path replaces this process
                 log.error("CUDA error at step %d poisons this process: %s; exiting to be replaced by a spare", s.step, e)
@@ -84,12 +85,12 @@ class Steps:
     def _done(self, gen: int) -> None:
         s = self.standing
         entries, meta = self.engine.collect(s.step)
-        done = {"type": "done", "gen": gen, "rank": s.rank, "step": s.step, "sha256": state_sha256(entries, meta)}
-        if self.shards is not None:
-            done["shard"] = self.shards.shard
-            done["copies_bytes"] = self.shards.nbytes()  # host memory its snapshots and held copies take
-            done["copy_costs"] = self.shards.costs()  # its waits for acks, snapshots, bytes sent (bench B8)
-        self.client.send(done)
+        sha256, shards = state_sha256(entries, meta), self.shards
+        if shards is None:
+            self.client.send(Done(gen, sha256, s.rank, s.step))
+            return
+        # sharded: its shard, the host memory its snapshots and held copies take, its waits for acks, snapshots, bytes sent (bench B8)
+        self.client.send(Done(gen, sha256, s.rank, s.step, shard=shards.shard, copies_bytes=shards.nbytes(), copy_costs=shards.costs()))
 
     def _one_step(self, gen: int) -> bool:
         """One step; False when it was refused (non-finite, train.on_nonfinite=stop)."""
@@ -112,11 +113,10 @@ class Steps:
         self.groups.works(gen)  # this generation works: what the older ones left can go
         if s.rank == 0:
             self.client.send(
-                {
-                    "type": "metrics", "gen": gen, "step": s.step, "loss": res.loss, "lr": res.lr, "grad_norm": res.grad_norm,
-                    "step_s": time.perf_counter() - t0, "samples": self.samples, "skipped": res.skipped, "skipped_total": dict(self.engine.skipped),
-                    "metrics": res.metrics or None,
-                }
+                Metrics(
+                    s.step, res.loss, time.perf_counter() - t0, gen=gen, lr=res.lr, grad_norm=res.grad_norm, samples=self.samples, skipped=res.skipped,
+                    skipped_total=dict(self.engine.skipped), metrics=res.metrics or None,
+                )
             )
         return True
 
@@ -126,18 +126,13 @@ class Steps:
         step, t0 = self.standing.step, time.perf_counter()
         values = self.engine.evaluate(step, lambda futures: self._wait(futures, gen, step), lambda: self.faults.fire_due("eval", step))
         if self.standing.rank == 0:
-            self.client.send({"type": "eval", "gen": gen, "step": step, "metrics": values, "eval_s": time.perf_counter() - t0})
+            self.client.send(Eval(step, values, gen=gen, eval_s=time.perf_counter() - t0))
 
     def _report_nonfinite(self, gen: int, step: int, res: StepResult) -> None:
         what = f"loss {res.loss}" if not math.isfinite(res.loss) else f"gradient norm {res.grad_norm}"
         why = "train.on_nonfinite=stop" if res.over_budget is None else f"train.on_nonfinite=skip has dropped {res.over_budget} steps, train.max_skipped_fraction's limit"
         log.error("step %d: %s is not finite; the state stays at step %d (%s)", step, what, self.standing.step, why)
-        self.client.send(
-            {
-                "type": "nonfinite", "gen": gen, "rank": self.standing.rank, "step": step, "loss": _num(res.loss), "grad_norm": _num(res.grad_norm),
-                "held": self.standing.step, "skipped": res.over_budget,
-            }
-        )
+        self.client.send(NonFinite(step, _num(res.loss), _num(res.grad_norm), self.standing.rank, gen, held=self.standing.step, skipped=res.over_budget))
 
     def _after_backward(self, step: int, t0: float) -> None:
         """The injected faults of this step, after its backward and before its collectives land."""

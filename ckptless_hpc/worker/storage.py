@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..state import emergency, export
 from ..control.client import exit_now
+from ..control.messages import Exported, ExportFailed, LoadFailed, Saved, SaveFailed
 from .interrupt import Aborted
 from .standing import Standing
 
@@ -34,7 +35,7 @@ class StorageCopy:
             entries, meta = emergency.read(saved["path"], saved.get("sha256"))
         except emergency.EmergencyCopyError as e:
             log.error("cannot resume: %s", e)
-            self.client.send({"type": "load_failed", "path": saved["path"], "error": str(e)})
+            self.client.send(LoadFailed(saved["path"], str(e)))
             raise Aborted("load") from None
         self.engine.apply(entries, meta)
         self.standing.step = int(meta["step"])  # the log lines' step follows at the generation's first commit
@@ -56,16 +57,16 @@ class StorageCopy:
         if copy is None:
             held = self.shards.describe(self.standing.step) if self.shards is not None else f"it holds step {self.held_step()}"
             log.error("asked to save shard %d at step %d, which this worker does not hold (%s)", shard, step, held)
-            self.client.send({"type": "save_failed", "path": path, "step": step, "error": f"{self.name} does not hold shard {shard} at step {step}"})
+            self.client.send(SaveFailed(path, f"{self.name} does not hold shard {shard} at step {step}", step))
             return
         entries, meta = copy
         try:
             rec = emergency.write(path, entries, meta, describe=f"shard {shard}: ")
         except emergency.EmergencyCopyError as e:
             log.error("%s", e)
-            self.client.send({"type": "save_failed", "path": path, "step": step, "error": str(e)})
+            self.client.send(SaveFailed(path, str(e), step))
             return
-        self.client.send({"type": "saved", "path": path, "step": rec["step"], "sha256": rec["sha256"], "bytes": rec["bytes"], "written": rec["written"], "shard": shard})
+        self.client.send(Saved(path, rec["step"], rec["sha256"], shard=shard, bytes=rec["bytes"], written=rec["written"]))
 
     def export(self, files: List[str], out: str, step: int) -> None:
         """The final state's index and full model (state/export.py), from its written files."""
@@ -73,18 +74,18 @@ class StorageCopy:
             rec = export.write_final(os.path.dirname(files[0]), files, out, self.engine.model_key_map(), step, self.engine.mode)
         except export.ExportError as e:
             log.error("%s", e)
-            self.client.send({"type": "export_failed", "path": out, "error": str(e)})
+            self.client.send(ExportFailed(out, str(e)))
             return
         log.info("the trained model (step %d) is in %s (%.1f MB, sha256 %s)", step, out, rec["model"]["bytes"] / 1e6, rec["model"]["sha256"][:12])
-        self.client.send({"type": "exported", "step": step, **rec})
+        self.client.send(Exported(step, **rec))
 
     def stop(self, path: Optional[str]) -> None:
         """The coordinator's ``stop``: write the copy it asks for, if this process holds the job's state; then exit."""
         if path and self.held_step() is not None:
             try:
-                self.client.send({"type": "saved", **self.save(path)})
+                self.client.send(Saved(**self.save(path)))
             except emergency.EmergencyCopyError as e:
                 log.error("%s", e)
-                self.client.send({"type": "save_failed", "path": path, "step": self.standing.step, "error": str(e)})
+                self.client.send(SaveFailed(path, str(e), self.standing.step))
         time.sleep(0.05)
         exit_now(0)

@@ -22,8 +22,8 @@ class _Client:
     def __init__(self, inbox=()):
         self.sent, self.inbox = [], list(inbox)
 
-    def send(self, msg):
-        self.sent.append(msg)
+    def send(self, msg):  # as ControlClient.send: a message class is sent encoded
+        self.sent.append(msg if isinstance(msg, dict) else msg.encode())
 
     def next_message(self, timeout_s=None):
         if not self.inbox:
