@@ -35,6 +35,8 @@ import torch
 
 from .. import faults as faultlib
 from ..control import wire
+from ..slurm.commands import cancel_step
+from ..slurm.env import SlurmEnvironment
 from ..tasks.selfcheck import check_batch_determinism
 from ..state.snapshot import state_nbytes, state_sha256
 from ..state.fetch import Behind
@@ -272,7 +274,7 @@ class Worker(Interruptible, PeerState, StorageCopy):
             if not self._fault_acked.wait_for(lambda: fault.index in self._fault_acks, FAULT_ACK_WAIT_S):
                 log.warning("the coordinator did not confirm fault %d within %.0fs: firing it anyway", fault.index, FAULT_ACK_WAIT_S)
         log.warning("injecting fault: %s", fault.describe())
-        faultlib.fire(fault)
+        faultlib.fire(fault, SlurmEnvironment(), cancel_step)  # kill_node under Slurm cancels the node's step (faults.py imports no Slurm code)
 
     def _due(self, at: str, step: Optional[int]) -> Optional[faultlib.Fault]:
         if self.rank is None or step is None:
