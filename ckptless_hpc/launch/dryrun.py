@@ -8,18 +8,19 @@ import shlex
 import sys
 from typing import Any, List
 
+from ..config import Shape
+
 EXIT_TASK = 2  # as any other invalid configuration
 
 
 def placement(cfg: Any) -> List[str]:
-    c = cfg.cluster
+    c, shape = cfg.cluster, Shape.of(cfg)
     name = (lambda i: f"local{i}") if c.backend == "local" else (lambda i: f"<node {i + 1}>")
-    lines = [f"placement: {c.nodes} worker node(s) x {c.workers_per_node} rank(s) = world size {c.nodes * c.workers_per_node}; {c.spare_nodes} hot-spare node(s)"]
-    for n in range(c.nodes):
-        ranks = list(range(n * c.workers_per_node, (n + 1) * c.workers_per_node))
-        lines.append(f"  {name(n):<10} ranks {ranks}")
-    for s in range(c.spare_nodes):
-        lines.append(f"  {name(c.nodes + s):<10} spare ({c.workers_per_node} hot-spare worker(s): model built, waiting for a rank)")
+    lines = [f"placement: {shape.nodes} worker node(s) x {shape.workers_per_node} rank(s) = world size {shape.world}; {shape.spare_nodes} hot-spare node(s)"]
+    for n in range(shape.nodes):
+        lines.append(f"  {name(n):<10} ranks {shape.ranks_of(n)}")
+    for s in range(shape.spare_nodes):
+        lines.append(f"  {name(shape.nodes + s):<10} spare ({shape.workers_per_node} hot-spare worker(s): model built, waiting for a rank)")
     from ..coordinator.sharding import Layout
 
     layout = Layout(cfg)
@@ -27,7 +28,7 @@ def placement(cfg: Any) -> List[str]:
         lines.append("replicas: data parallel, every rank holds the full model and optimizer state; any healthy rank is a state source")
     else:
         lines.append(f"state: {layout.describe()}")
-        holders = layout.place({r: name(r // c.workers_per_node) for r in range(c.nodes * c.workers_per_node)})
+        holders = layout.place({r: name(shape.node_of(r)) for r in range(shape.world)})
         for owner, hs in sorted(holders.items()):
             if hs:
                 lines.append(f"  rank {owner}'s shard copied to rank(s) {hs}")

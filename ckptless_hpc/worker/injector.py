@@ -11,6 +11,8 @@ import time
 from typing import Any, List, Optional, Set
 
 from .. import faults as faultlib
+from ..slurm.commands import cancel_step
+from ..slurm.env import SlurmEnvironment
 from ..control.messages import FaultFired
 from .standing import Standing
 
@@ -50,7 +52,7 @@ class FaultInjector:
             if not self._acked.wait_for(lambda: fault.index in self._acks, FAULT_ACK_WAIT_S):
                 log.warning("the coordinator did not confirm fault %d within %.0fs: firing it anyway", fault.index, FAULT_ACK_WAIT_S)
         log.warning("injecting fault: %s", fault.describe())
-        faultlib.fire(fault)
+        faultlib.fire(fault, SlurmEnvironment(), cancel_step)  # kill_node under Slurm cancels the node's step (faults.py imports no Slurm code)
 
     def fire_index(self, index: int, step: Optional[int]) -> None:
         """The coordinator's ``inject``: fire fault ``index`` now."""

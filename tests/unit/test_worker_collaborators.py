@@ -50,7 +50,7 @@ def test_a_wait_returns_its_value_is_cut_by_a_newer_abort_and_bounded():
 
 def test_a_fault_is_reported_then_fired_once_the_coordinator_recorded_it(monkeypatch):
     fired = []
-    monkeypatch.setattr(faultlib, "fire", fired.append)
+    monkeypatch.setattr(faultlib, "fire", lambda fault, *slurm: fired.append(fault))  # the Slurm environment and cancel_step ride along
     standing, client = Standing("n0"), _Client()
     standing.join(4, 1, 2)
     inj = FaultInjector(client, standing)
