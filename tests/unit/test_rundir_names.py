@@ -37,7 +37,6 @@ FOLDERS = {paths.LOGS, paths.HYDRA, paths.SUBMITIT, paths.STATE, paths.SAVED, pa
 ALLOWED = {
     "rundir": "the owner",
     "coordinator": "ending.py, saved_copies.py, server.py: adopt RunPaths (summary, final/, state/, saved/, tensorboard/, events)",
-    "launch": "slurm.py, run.py, local.py: adopt RunPaths (job.json, coordinator.log, restart.json, logs/)",
 }
 
 Finding = Tuple[str, int, str]
