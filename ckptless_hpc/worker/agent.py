@@ -97,23 +97,28 @@ class JobInfo:
 
 
 class Agent:
+    """The worker's control side. It holds its collaborators and dispatches the coordinator's
+    messages to them; what it knows of the job is its standing (standing.py), and the engine is
+    only ever called through its methods. The collaborators that need the coordinator's config
+    are built by :meth:`build`, once, right after the connection; before it they are None."""
+
     def __init__(self, me: Address) -> None:
         self.me = me
         self.standing = Standing(me.node)
         self.waiter = Waiter()
         self.job = JobInfo()
-        self.client: Any = None
-        self.faults: Any = None
+        self.client: Optional[ControlClient] = None
+        self.faults: Optional[FaultInjector] = None
         # built from the coordinator's config (build())
         self.cfg: Any = None
-        self.engine: Any = None
-        self.shards: Optional[ShardCopies] = None
-        self.peers: Any = None
-        self.storage: Any = None
-        self.periodic: Any = None
-        self.groups: Any = None
-        self.server: Any = None
-        self.steps: Any = None
+        self.engine: Optional[Engine] = None
+        self.shards: Optional[ShardCopies] = None  # parallel=zero|fsdp|hsdp only
+        self.peers: Optional[PeerState] = None
+        self.storage: Optional[StorageCopy] = None
+        self.periodic: Optional[PeriodicCopies] = None
+        self.groups: Optional[Groups] = None
+        self.server: Optional[StateServer] = None
+        self.steps: Optional[Steps] = None
 
     @property
     def ctx(self) -> Dict[str, Any]:
