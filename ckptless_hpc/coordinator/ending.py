@@ -71,7 +71,7 @@ class Ending:
         """Abort the in-flight step everywhere (a new generation) and collect the committed steps."""
         self.gen += 1
         g = self._g(self.gen)
-        self._broadcast(survivors.values(), {"type": "abort", "gen": self.gen})
+        self.control.broadcast(survivors.values(), {"type": "abort", "gen": self.gen})
         await self._until(Arrivals(survivors.values(), g.held.__contains__), self.cfg.cluster.recovery_timeout_s)
         return {w: m.step for w, m in g.held.items()}
 
@@ -89,7 +89,7 @@ class Ending:
         target = max(steps.values())
         holder = next(w for r, w in sorted(survivors.items()) if steps.get(w) == target)
         path = os.path.join(self.run_dir, "state", "emergency.pt")
-        self._send(self.workers[holder], {"type": "stop", "save": path})
+        self.control.send(self.workers[holder], {"type": "stop", "save": path})
         written = await self._until(
             lambda: self.saved is not None or self.save_error is not None or self.workers[holder].role == "dead", self.cfg.cluster.recovery_timeout_s
         )
@@ -134,7 +134,7 @@ class Ending:
         self.shard_saves = {}
         for shard, wid in sorted(writers.items()):
             name = "state.pt" if not self.layout.sharded else f"shard{shard}.pt"
-            self._send(self.workers[wid], {"type": "save", "path": os.path.join(folder, name), "shard": shard, "step": step})
+            self.control.send(self.workers[wid], {"type": "save", "path": os.path.join(folder, name), "shard": shard, "step": step})
         dead = lambda: any(self.workers[w].role == "dead" for w in writers.values())  # noqa: E731
         await self._until(lambda: len(self.shard_saves) == len(writers) or dead() or self.save_error is not None, self.cfg.cluster.recovery_timeout_s)
         return len(self.shard_saves) == len(writers)
@@ -152,7 +152,7 @@ class Ending:
             return {"error": f"the final state was not written: {self.save_error or 'a writer did not answer'}"}
         files = [self.shard_saves[k]["path"] for k in sorted(self.shard_saves)]
         self.final = None
-        self._send(self.workers[self.ranks[0]], {"type": "export", "files": files, "out": os.path.join(folder, "model.pt"), "step": step})
+        self.control.send(self.workers[self.ranks[0]], {"type": "export", "files": files, "out": os.path.join(folder, "model.pt"), "step": step})
         await self._until(lambda: self.final is not None or self.workers[self.ranks[0]].role == "dead", self.cfg.cluster.recovery_timeout_s)
         return self.final or {"error": f"rank 0 did not write {os.path.join(folder, 'model.pt')} within cluster.recovery_timeout_s={self.cfg.cluster.recovery_timeout_s}s"}
 

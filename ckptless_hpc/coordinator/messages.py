@@ -23,3 +23,14 @@ def assign(gen: int, rank: Optional[int], world: int, step: int, sources: Iterab
     if load:
         msg["load"] = load
     return msg
+
+
+class Endpoints:
+    """A worker's (host, state port) by id, read on demand: no per-assign copy of all workers."""
+
+    def __init__(self, workers: Mapping[str, Any]) -> None:
+        self._w = workers
+
+    def __getitem__(self, wid: str) -> Endpoint:
+        w = self._w[wid]
+        return w.host, w.state_port

@@ -28,7 +28,8 @@ from omegaconf import OmegaConf
 from ..control import wire
 from ..config import global_batch
 from . import continuity, host, inbox, messages
-from .channel import Channel, Endpoints
+from ..control.server import ControlServer, Handlers
+from .messages import Endpoints
 from .ending import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, Ending
 from .inbox import Built, Done, Eval, FaultFired, Fetched, Held, Joining, Metrics, Ready, TransferFailed
 from ..launch import background
@@ -58,7 +59,7 @@ class _GenState:
     done: Dict[str, Done] = field(default_factory=dict)
 
 
-class Coordinator(Channel, Ending):
+class Coordinator(Ending):
     def __init__(self, cfg: Any, run_dir: str, launcher: Any, secret: str, job_id: str, clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
@@ -114,7 +115,8 @@ class Coordinator(Channel, Ending):
         self.stalls = StallMeter(c.heartbeat_interval_s, clock())
         self.hb_delay = DelayHistogram()  # heartbeat sent (worker's clock) -> read here
         self._calls: Optional[ThreadPoolExecutor] = None  # launcher calls that wait for the scheduler
-        self.relays: Dict[str, Any] = {}  # node -> its relay's link (cluster.control=node; channel.py)
+        handlers = Handlers(self._on_hello, self._on_message, self._lost, self._welcome_msg, self._emit, lambda: self.gen)
+        self.control = ControlServer(self.members.workers, secret, clock, handlers, self.stalls, self.straggling, self.hb_delay)  # control/server.py
         self._refilling = asyncio.Lock()  # one spare refill at a time (_refill)
 
     # ------------------------------------------------------------------ membership (membership.py decides)
@@ -163,6 +165,21 @@ class Coordinator(Channel, Ending):
         kw.setdefault("gen", self.gen)
         return self.events.emit(event, **kw)
 
+    def _on_hello(self, rec: WorkerRec, hello: Dict[str, Any], relayed: bool) -> None:
+        self.launcher.register(rec.wid, hello)
+        self._emit("worker_connected", rec, pid=rec.pid, slurm_step=hello.get("slurm_step"), relayed=relayed or None)
+
+    def _welcome_msg(self, rec: WorkerRec) -> Dict[str, Any]:
+        return {"type": "config", "job": self.job_id, "config": self._config_dict(), "store": self.store_addr, "run_dir": self.run_dir, "spare": rec.role == "spare"}
+
+    def _on_message(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
+        try:
+            self._dispatch(rec, msg)
+        except (KeyError, ValueError, TypeError) as e:
+            log.error("gen=%s rank=%s node=%s: malformed %r message from %s (%s: %s); closing its connection", self.gen, rec.rank, rec.node, msg.get("type"), rec.wid, type(e).__name__, e)
+            self._lost(rec, f"malformed {msg.get('type')!r} message ({type(e).__name__}: {e})")
+        self._notify()
+
     def _dispatch(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
         m = inbox.parse(msg)
         if m is None:
@@ -189,7 +206,7 @@ class Coordinator(Channel, Ending):
             self._emit("transfer_error", rec, source=m.source, error=m.error)
         elif isinstance(m, FaultFired):
             self.faults_done.add(m.index)
-            self._send(rec, {"type": "fault_ack", "index": m.index})  # recorded: the worker may now fire it
+            self.control.send(rec, {"type": "fault_ack", "index": m.index})  # recorded: the worker may now fire it
             ev = self._emit("fault_injected", rec, step=m.step, kind=m.kind, index=m.index, pid=m.pid)
             if m.kind in KILLS:  # only a fault that fails a rank can be a recovery's t_fail (not a straggler, a spare, the wire)
                 self.fault_times.append(ev["time"])  # the recovery's t_fail is this event's time
@@ -227,7 +244,7 @@ class Coordinator(Channel, Ending):
         self._fault_a_spare(m.step)
         ahead = self.copies.timed(now, m.step, float(self.cfg.train.get("save_every_s", 0.0)))
         if ahead is not None:  # train.save_every_s: every rank copies that step (worker/periodic.py)
-            self._broadcast(self.ranks.values(), {"type": "copy_at", "step": ahead})
+            self.control.broadcast(self.ranks.values(), {"type": "copy_at", "step": ahead})
         if back is not None:
             self._resumed(rec, m.step, back, now)
         self.progress.update(self.feed.snapshot(m, now, self._t_train, len(self.recoveries), self.gen))
@@ -247,7 +264,7 @@ class Coordinator(Channel, Ending):
         if f is not None and spare is not None:
             self._injected.add(f.index)
             self._doomed.add(spare.wid)
-            self._send(spare, {"type": "inject", "index": f.index})
+            self.control.send(spare, {"type": "inject", "index": f.index})
 
     def _resumed(self, rec: WorkerRec, step: int, back: Resumed, now: float) -> None:
         if back.refills:
@@ -270,7 +287,7 @@ class Coordinator(Channel, Ending):
             self._echo_once()  # its last lines (a traceback, say) before the rank moves on
         was = self.members.lose(rec.wid)
         if rec.writer is not None:
-            self._drop(rec, reason)
+            self.control.drop(rec, reason)
         kind = loss_kind(was, self._t_train is not None)
         if kind == RECOVER:  # nothing the recovery does needs the scheduler: its commands wait for the promotion
             self.launcher.hold_commands()
@@ -350,7 +367,7 @@ class Coordinator(Channel, Ending):
         live = self.members.watched()
         seen = {w.wid: w.last_seen for w in live}
         at = {w.wid: w.seen_stall for w in live}
-        silent = silent_workers(now, seen, seen.keys(), self.cfg.cluster.heartbeat_timeout_s, self.stalls.stalled_s, at, self._unread)
+        silent = silent_workers(now, seen, seen.keys(), self.cfg.cluster.heartbeat_timeout_s, self.stalls.stalled_s, at, self.control.unread)
         for wid, reason in silent:
             self._lost(self.workers[wid], reason)
 
@@ -392,11 +409,9 @@ class Coordinator(Channel, Ending):
     async def run(self) -> int:
         c = self.cfg.cluster
         self._loop = asyncio.get_running_loop()
-        self._store_ready = asyncio.Event()
         self.host = wire.resolve_host(c.bind_host)
         host.raise_fd_limit((c.nodes + c.spare_nodes + c.max_refills) * self.wpn)
-        server = await asyncio.start_server(self._handle, host=self.host, port=0, backlog=host.listen_backlog())
-        self.address = f"{self.host}:{server.sockets[0].getsockname()[1]}"
+        self.address = await self.control.listen(self.host, host.listen_backlog())
         self._emit("job_started", address=self.address, coordinator_pid=os.getpid(), host=socket.gethostname(), world=self.world, nodes=c.nodes, workers_per_node=self.wpn, spare_nodes=c.spare_nodes)
         log.info("coordinator for job %s listening on %s; run dir %s", self.job_id, self.address, self.run_dir)
         log.info("%s", self.layout.describe())
@@ -414,7 +429,7 @@ class Coordinator(Channel, Ending):
         await store_module
         self._make_store()
         self._emit("store_ready", address=self.store_addr)
-        self._store_ready.set()
+        self.control.ready.set()
         self._persist()
         if self.cfg.train.tensorboard:
             self.tensorboard = TensorBoardSink(os.path.join(self.run_dir, "tensorboard"), on_error=self.write_failures.report)
@@ -434,7 +449,7 @@ class Coordinator(Channel, Ending):
             if self.tensorboard is not None:
                 self.tensorboard.close()
             self._echo_once()  # the rank's last lines, written while it stopped
-            server.close()
+            self.control.close()
             if self._calls is not None:
                 self._calls.shutdown(wait=False)
         return code
@@ -510,9 +525,9 @@ class Coordinator(Channel, Ending):
                 keeping.append(wid)
                 continue
             shard_load = _shard_copy(load, extra.get("shard"))
-            self._send(self.workers[wid], messages.assign(self.gen, r, self.world, step, sources.get(wid, ()), ends, done, shard_load, extra))
+            self.control.send(self.workers[wid], messages.assign(self.gen, r, self.world, step, sources.get(wid, ()), ends, done, shard_load, extra))
         if keeping:
-            self._broadcast(keeping, messages.assign(self.gen, None, self.world, step, (), ends, done))
+            self.control.broadcast(keeping, messages.assign(self.gen, None, self.world, step, (), ends, done))
 
     # ------------------------------------------------------------------ recovery
     async def _recover(self) -> Optional[int]:
@@ -551,7 +566,7 @@ class Coordinator(Channel, Ending):
         elif isinstance(a, Emit):
             self._emit(a.event, self.workers[a.worker] if a.worker else None, **a.fields)
         elif isinstance(a, Abort):
-            self._broadcast(a.workers, {"type": "abort", "gen": a.gen})
+            self.control.broadcast(a.workers, {"type": "abort", "gen": a.gen})
         elif isinstance(a, Lose):
             self._lost(self.workers[a.worker], a.why)
         elif isinstance(a, Assign):
@@ -635,10 +650,10 @@ class Coordinator(Channel, Ending):
     async def _shutdown(self) -> None:
         for w in self.workers.values():
             if w.role != "dead" and w.writer is not None:
-                self._send(w, {"type": "stop"})
+                self.control.send(w, {"type": "stop"})
             elif w.writer is None:  # still starting: it cannot hear a stop
                 self.launcher.kill_worker(w.wid)
-        self._close_relays()  # the stops leave now, then each relay passes them on and exits: its node's step can end
+        self.control.close_relays()  # the stops leave now, then each relay passes them on and exits: its node's step can end
         await self.launcher.shutdown(self.cfg.cluster.exit_timeout_s)
         self.events.close()
 

@@ -54,7 +54,7 @@ def _coordinator(tmp_path, **kw):
 def test_an_oversized_message_is_refused_by_name_not_raised(tmp_path, caplog):
     c = _coordinator(tmp_path)
     rec = c.workers["n0.0"] = WorkerRec("n0.0", "n0", 0, "active", writer=FakeWriter(), rank=0)
-    c._send(rec, {"type": "assign", "junk": "x" * (wire.MAX_FRAME + 1)})  # must not raise
+    c.control.send(rec, {"type": "assign", "junk": "x" * (wire.MAX_FRAME + 1)})  # must not raise
     assert rec.writer.frames == []
     assert "assign" in caplog.text and "n0.0" in caplog.text and "HINT" in caplog.text
     c.events.close()
