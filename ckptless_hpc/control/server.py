@@ -39,12 +39,16 @@ class ControlServer:
     heartbeat sinks: ``stalls`` (the coordinator's own stalls), ``straggling`` (compute times),
     ``hb_delay`` (heartbeat sent -> read)."""
 
-    def __init__(self, workers: Mapping[str, Any], secret: str, clock: Callable[[], float], handlers: Handlers, stalls: Any, straggling: Any, hb_delay: Any) -> None:
-        self.workers, self.secret, self.clock, self.on = workers, secret, clock, handlers
+    def __init__(self, workers: Mapping[str, Any], secret: str, clock: Callable[[], float], stalls: Any, straggling: Any, hb_delay: Any, handlers: Optional[Handlers] = None) -> None:
+        self.workers, self.secret, self.clock = workers, secret, clock
+        self.on: Handlers = handlers  # type: ignore[assignment]  # bind() where the owner is built after the server
         self.stalls, self.straggling, self.hb_delay = stalls, straggling, hb_delay
         self.relays: Dict[str, RelayLink] = {}  # node -> its relay's link (cluster.control=node)
         self.ready = asyncio.Event()  # set once workers may be welcomed (the store is up)
         self._server: Optional[asyncio.AbstractServer] = None
+
+    def bind(self, handlers: Handlers) -> None:
+        self.on = handlers
 
     async def listen(self, host: str, backlog: int) -> str:
         """Listen on ``host`` (any free port); the address workers connect to."""

@@ -9,7 +9,7 @@ import pytest
 from ckptless_hpc.control import wire
 from ckptless_hpc.coordinator import messages
 from ckptless_hpc.coordinator.planner import MAX_SOURCES, Spare, plan_recovery
-from ckptless_hpc.coordinator.server import Coordinator, WorkerRec
+from ckptless_hpc.coordinator.shell import Coordinator, WorkerRec
 from coordlib import FakeWriter, NoLauncher, cfg
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,7 +47,7 @@ def test_an_assign_stays_far_below_the_frame_limit_at_100k_ranks():
 
 
 def _coordinator(tmp_path, **kw):
-    c = Coordinator(cfg("task=mlp", "cluster.nodes=2"), str(tmp_path), NoLauncher(), "s" * 64, "job-test", **kw)
+    c = Coordinator.from_config(cfg("task=mlp", "cluster.nodes=2"), str(tmp_path), NoLauncher(), "s" * 64, "job-test", **kw)
     return c
 
 
@@ -83,7 +83,7 @@ def test_the_step_log_of_a_coordinator_is_the_bounded_one(tmp_path):
     for step in range(1, 2001):
         c._dispatch(rec, {"type": "metrics", "step": step, "loss": 1.0, "step_s": 0.01, "gen": 0})
     assert len(c.steps) <= c.steps.window and c.steps.last_step == 2000
-    assert c.progress is not None and c.feed.head_count.last[1] == 1
+    assert c.telemetry.progress is not None and c.telemetry.feed.head_count.last[1] == 1
     c.events.close()
 
 

@@ -109,7 +109,7 @@ def test_the_coordinator_reads_a_relay_link(tmp_path):
     import asyncio
 
     from ckptless_hpc.control.server import RelayLink, RelayedWriter
-    from ckptless_hpc.coordinator.server import Coordinator
+    from ckptless_hpc.coordinator.shell import Coordinator
     from coordlib import FakeWriter, NoLauncher, cfg
 
     class LinkWriter(FakeWriter):
@@ -120,7 +120,7 @@ def test_the_coordinator_reads_a_relay_link(tmp_path):
         return [e for f in frames for e in _decode(f)["m"]]
 
     async def go() -> None:
-        c = Coordinator(cfg("task=mlp", "cluster.nodes=2", "cluster.workers_per_node=2", "cluster.control=node"), str(tmp_path), NoLauncher(), "s" * 64, "job-relay")
+        c = Coordinator.from_config(cfg("task=mlp", "cluster.nodes=2", "cluster.workers_per_node=2", "cluster.control=node"), str(tmp_path), NoLauncher(), "s" * 64, "job-relay")
         c.members.add_node("local1", "active")
         c.control.ready.set()
         c.store_addr = "127.0.0.1:1"
@@ -142,7 +142,7 @@ def test_the_coordinator_reads_a_relay_link(tmp_path):
         c.events.close()
         rejected = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines() if '"connection_rejected"' in line]
         assert len(rejected) == 1 and "local1.1" in rejected[0]["peer"], rejected
-        c.events = type(c.events)(str(tmp_path / "events.jsonl"), "job-relay", c.clock)
+        c.record.events = type(c.events)(str(tmp_path / "events.jsonl"), "job-relay", c.clock)
 
         rec = c.workers["local1.0"]
         now = c.clock()

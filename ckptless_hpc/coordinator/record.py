@@ -1,0 +1,70 @@
+"""The run record the coordinator keeps: events.jsonl, restart.json (what a requeued job needs),
+summary.json, and the bookkeeping of what was saved (the emergency copy, its shards, the final
+save, the periodic copies). A write that fails is said once and never raised (rundir/record.py).
+No decisions here: what the summary says is gathered by the shell and written once."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, List, Optional
+
+from ..metrics import EventLog, Recovery, goodput
+from ..rundir.record import Failures, RecordError, write_json
+from ..rundir.restart import Restart, write as write_restart
+from .saved_copies import SavedCopies
+
+
+class RunRecord:
+    def __init__(self, run_dir: str, job_id: str, clock: Callable[[], float], copies: SavedCopies) -> None:
+        self.run_dir, self.job_id, self.clock = run_dir, job_id, clock
+        self.failures = Failures()  # the run record's writes that failed (record.py): said once, never raised
+        self.events = EventLog(os.path.join(run_dir, "events.jsonl"), job_id, clock, on_error=self.failures.report)
+        self.copies = copies  # train.save_every
+        self.t_start, self.t_train = clock(), None  # type: float, Optional[float]
+        self.saved: Optional[Dict[str, Any]] = None  # the emergency copy
+        self.shard_saves: Dict[int, Dict[str, Any]] = {}  # sharded emergency copy (or a final save): shard -> its file
+        self.save_error: Optional[str] = None  # the emergency copy could not be written (why)
+        self.final: Optional[Dict[str, Any]] = None  # train.save_final: what the final save wrote
+        self.resume: Optional[Dict[str, Any]] = None  # emergency copy to start from (after a requeue)
+        self.recoveries: List[Recovery] = []
+        self.summary: Dict[str, Any] = {}
+
+    @classmethod
+    def from_config(cls, cfg: Any, run_dir: str, job_id: str, clock: Callable[[], float], shards: int, mode: str) -> "RunRecord":
+        return cls(run_dir, job_id, clock, SavedCopies(run_dir, shards, int(cfg.train.get("keep_saved", 2)), mode))
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.run_dir, *parts)
+
+    def newest_copy(self) -> Optional[Dict[str, Any]]:
+        """The newest copy a restarted job may resume from: the emergency copy, a periodic one, the one resumed from."""
+        return max((c for c in (self.saved, self.copies.newest, self.resume) if c), key=lambda c: c["step"], default=None)
+
+    def persist(self, bad_nodes: Any, faults_done: Any, batch_node: Optional[str]) -> None:
+        """What a requeued job needs: the emergency copy, nodes never to use again, faults fired.
+        A write that fails is said once and leaves the previous restart.json as it was."""
+        try:
+            write_restart(self.run_dir, Restart.of(self.newest_copy(), bad_nodes, faults_done, batch_node))
+        except RecordError as e:
+            self.failures.report(e.path, f"{e}; a requeued job would resume from what it said before")
+
+    def restore(self, state: Dict[str, Any]) -> Restart:
+        """A previous run's restart.json (after a requeue): its copy becomes the one to resume from."""
+        r = Restart.from_json(state)
+        self.resume = r.saved or self.resume
+        return r
+
+    def write_summary(self, summary: Dict[str, Any]) -> None:
+        self.summary = summary
+        try:
+            write_json(self.path("summary.json"), summary)
+        except RecordError as e:  # the job's own exit code stands: the result goes to the console (run.human_summary)
+            self.failures.report(e.path, str(e))
+            summary["record_errors"] = self.failures.messages
+
+    def timing(self, productive: float) -> Dict[str, float]:
+        """startup_s, wall_s, productive_s, goodput: measured from the start of training."""
+        now = self.clock()
+        t_train = self.t_train or now
+        wall = now - t_train
+        return {"startup_s": round(t_train - self.t_start, 3), "wall_s": round(wall, 3), "productive_s": round(productive, 3), "goodput": round(goodput(productive, wall), 4)}
