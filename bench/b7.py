@@ -197,6 +197,7 @@ def metrics_cost(run_dir: Path, calls: int = 2000) -> Dict[str, Any]:
     """Seconds per ``metrics`` message at step 1k and at step 1M (the coordinator fast-forwarded
     through the million steps by its step log alone: nothing else it keeps depends on steps)."""
     from .b7_coord import SimLauncher, config
+    from ckptless_hpc.control.messages import Metrics
     from ckptless_hpc.coordinator.shell import Coordinator, WorkerRec
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -208,9 +209,10 @@ def metrics_cost(run_dir: Path, calls: int = 2000) -> Dict[str, Any]:
         """The best of ``repeats`` runs of ``calls`` messages (one run is ~60 ms: a neighbour's burst on this shared machine moved a single run by 15 %)."""
         best = math.inf
         for _ in range(repeats):
+            sent = [Metrics(s, 1.0, 0.01, gen=0, samples=8).encode() for s in range(first, first + calls)]  # built before the clock: its cost is the sender's
             t0 = time.perf_counter()
-            for s in range(first, first + calls):
-                c._dispatch(rec, {"type": "metrics", "step": s, "loss": 1.0, "step_s": 0.01, "gen": 0, "samples": 8})
+            for msg in sent:
+                c._dispatch(rec, msg)
             best = min(best, (time.perf_counter() - t0) / calls)
         return best
 

@@ -21,14 +21,18 @@ from hydra import compose, initialize_config_module
 
 from ckptless_hpc.config import register_configs, validate
 from ckptless_hpc.coordinator.shell import Coordinator
-from ckptless_hpc.launch.base import Launcher
 from ckptless_hpc.launch.run import setup_logging
 from ckptless_hpc.metrics import DelayHistogram
 from ckptless_hpc.control.wire import load_secret
 
 
-class SimLauncher(Launcher):
-    """Nodes named ``sim<i>``; starting one only publishes the coordinator's address."""
+class SimLauncher:
+    """Nodes named ``sim<i>``; starting one only publishes the coordinator's address. Every
+    member of ``ckptless_hpc.launch.base.Launcher``; no scheduler, no process to measure."""
+
+    batch_node: Optional[str] = None
+    node_is_one_step = False
+    measures_identity = False
 
     def __init__(self, nodes: int, spare_nodes: int, address_file: str) -> None:
         self.nodes, self.spare_nodes, self.address_file = nodes, spare_nodes, address_file
@@ -44,6 +48,24 @@ class SimLauncher(Launcher):
                 json.dump({"address": coordinator, "pid": os.getpid()}, f)
             os.replace(tmp, self.address_file)
         return [f"{name}.{j}" for j in range(workers)]
+
+    def register(self, worker: str, hello: Dict[str, Any]) -> None:
+        pass
+
+    def exclude_node(self, node: str, why: str) -> None:
+        pass
+
+    def hold_commands(self) -> None:
+        pass
+
+    def release_commands(self) -> None:
+        pass
+
+    def launched_identity(self, worker: str) -> None:
+        return None
+
+    def live_identity(self, worker: str) -> None:
+        return None
 
     def requeue(self, reason: str) -> Optional[str]:
         return "the B7 launcher has no scheduler"

@@ -30,7 +30,8 @@ import sys
 import time
 from typing import Any, Dict, List, Optional
 
-from ckptless_hpc.control import wire
+from ckptless_hpc.control import messages, wire
+from ckptless_hpc.control.messages import Abort, Assign, Built, Config, Done, Dropped, Fetched, Hello, Metrics, Stop
 from ckptless_hpc.control.relay import Upstream
 
 SHA = "0" * 64
@@ -120,7 +121,7 @@ class Sim:
     async def serve(self, r: Rank) -> None:
         if not await self.connect(r):
             return
-        r.send({"type": "hello", "node": r.node, "local": r.local, "pid": os.getpid(), "host": "127.0.0.1", "slurm_step": None})
+        r.send(Hello(r.node, r.local, os.getpid(), "127.0.0.1", None).encode())
         closed: "asyncio.Future[str]" = asyncio.get_running_loop().create_future()
         # frames handled as they arrive (the coordinator's own reader): the simulated ranks must
         # cost as little CPU as possible, since they share this machine's cores with it
@@ -132,19 +133,19 @@ class Sim:
     def on_message(self, r: Rank, msg: Dict[str, Any], now: Optional[float] = None) -> None:
         """``now``: when the message reached the rank's node (its relay hands a frame's entries
         to the node's ranks at once); by default, now."""
-        kind, now = msg["type"], now or time.time()
-        if kind == "config":
+        kind, now = messages.kind(msg, messages.TO_WORKER), now or time.time()  # read in place: the simulated ranks' CPU is the coordinator's
+        if kind is Config:
             self.steps = int(msg["config"]["train"]["steps"])
-            r.send({"type": "built", "state_port": 1, "pid": os.getpid(), "state_bytes": 0, "params": 0, "buckets": 1, "buffers": 0})
-        elif kind == "abort":
+            r.send(Built(1, 0, 0, 1, 0, pid=os.getpid()).encode())
+        elif kind is Abort:
             seen = self.aborts.setdefault(int(msg["gen"]), [now, now, 0])
             seen[0], seen[1], seen[2] = min(seen[0], now), max(seen[1], now), seen[2] + 1
             grain = self.a.commit_every
             r.held_step, r.training = max(r.base, r.step(now, self.a.rate, self.steps) // grain * grain), False
             r.send_body(f'{{"type":"held","gen":{r.gen},"abort_gen":{int(msg["gen"])},"step":{r.held_step},"pid":{PID},"reason":"abort"')
-        elif kind == "assign":
+        elif kind is Assign:
             self.on_assign(r, msg, now)
-        elif kind == "stop":
+        elif kind is Stop:
             r.stopped = True
             if r.writer is not None:
                 r.writer.close()
@@ -158,7 +159,7 @@ class Sim:
             self.zero = r
         if r.held_step != target:
             src = (msg.get("sources") or [{}])[0].get("worker")
-            r.send({"type": "fetched", "gen": gen, "source": src, "bytes": 0, "seconds": 0.0, "apply_s": 0.0})
+            r.send(Fetched(gen, src, 0, 0.0, 0.0).encode())
         r.send_body(f'{{"type":"joining","gen":{gen},"step":{target}')
         r.send_body(f'{{"type":"ready","gen":{gen},"rank":{r.rank},"pid":{PID},"form_s":0.0')
         r.base, r.t0, r.training, r.held_step = target, time.time(), True, target
@@ -177,7 +178,7 @@ class Sim:
             await asyncio.sleep(max(0.0, start + tick * self.a.interval / slots - time.monotonic()))
             now = time.time()
             for r in buckets[tick % slots]:
-                r.send({"type": "hb", "gen": r.gen, "step": r.step(now, self.a.rate, self.steps), "training": r.training, "compute_s": 0.01})
+                r.send(messages.heartbeat(gen=r.gen, step=r.step(now, self.a.rate, self.steps), training=r.training, compute_s=0.01))
 
     async def steps_loop(self) -> None:
         """Rank 0's metrics for every step, and done from every rank that reached the end (the
@@ -194,11 +195,10 @@ class Sim:
                 if r.rank == 0:
                     while r.metrics_step < s:
                         r.metrics_step += 1
-                        r.send({"type": "metrics", "gen": r.gen, "step": r.metrics_step, "loss": 1.0, "lr": 0.001, "grad_norm": 1.0,
-                                "step_s": 1.0 / self.a.rate, "samples": 8, "skipped": None, "skipped_total": {}})
+                        r.send(Metrics(r.metrics_step, 1.0, 1.0 / self.a.rate, r.gen, 0.001, 1.0, 8, None, {}).encode())
                 if s >= self.steps and r.done_gen != r.gen:
                     r.done_gen = r.gen
-                    r.send({"type": "done", "gen": r.gen, "rank": r.rank, "step": s, "sha256": SHA})
+                    r.send(Done(r.gen, SHA, r.rank, s).encode())
 
     def kill_victim(self) -> None:
         for r in self.ranks:
@@ -220,7 +220,7 @@ class Sim:
             now = time.time()
             for wid in wids:
                 r = by_wid[wid]
-                if msg["type"] == "dropped":
+                if messages.kind(msg, messages.TO_WORKER) is Dropped:
                     r.gone = True
                 elif not r.gone:
                     self.on_message(r, msg, now)
@@ -235,7 +235,7 @@ class Sim:
         for r in ranks:
             r.up = up
             self.t_connected.append(time.time())
-            r.send({"type": "hello", "node": r.node, "local": r.local, "pid": os.getpid(), "host": "127.0.0.1", "slurm_step": None})
+            r.send(Hello(r.node, r.local, os.getpid(), "127.0.0.1", None).encode())
         await closed
 
     async def run(self) -> Dict[str, Any]:

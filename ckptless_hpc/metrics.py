@@ -1,63 +1,15 @@
-"""Event log (events.jsonl), recovery phase timings and goodput arithmetic."""
+"""Recovery phase timings, rank 0's step figures, delay histograms, goodput arithmetic and the
+TensorBoard sink. The event log moved to :mod:`.rundir.events` (its writer and reader together)."""
 
 from __future__ import annotations
 
 import os
-import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-from .rundir.record import dumps, write_failure
-
-
-class EventLog:
-    """One strict-JSON object per line; every event says job, generation, rank, node and step.
-
-    A write that fails (a full disk, a quota, a read-only or vanished run directory) never
-    raises into the caller, which is a control handler: the log stops there (what is on disk
-    stays readable; at most its last line is torn, and readers skip a torn last line), and
-    ``on_error(path, message)`` is told once, the message naming the path and the fix.
-    """
-
-    def __init__(self, path: str, job: str, clock: Any = time.time, on_error: Optional[Callable[[str, str], None]] = None) -> None:
-        self.path = path
-        self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        self.job = job
-        self._clock = clock
-        self.t0 = clock()
-        self.on_error = on_error
-        self.error: Optional[str] = None
-
-    def emit(
-        self, event: str, *, gen: Optional[int] = None, rank: Optional[int] = None, node: Optional[str] = None, step: Optional[int] = None,
-        at: Optional[float] = None, **fields: Any,
-    ) -> Dict[str, Any]:
-        """Append one event; ``at`` is when it happened (default now), so that an event and the
-        figures computed from the same instant carry one time."""
-        now = self._clock() if at is None else at
-        rec = {"event": event, "time": round(now, 6), "t": round(now - self.t0, 6), "job": self.job, "gen": gen, "rank": rank, "node": node, "step": step}
-        rec.update(fields)
-        if self._fd is not None:
-            self._write((dumps(rec, separators=(",", ":"), default=str) + "\n").encode())
-        return rec
-
-    def _write(self, data: bytes) -> None:
-        assert self._fd is not None
-        try:
-            view = memoryview(data)
-            while view:  # a short write (the disk filled up mid-line) is followed by the real error
-                view = view[os.write(self._fd, view):]
-        except OSError as e:
-            self.error = f"cannot write {self.path}: {write_failure(e, self.path)}; the events after this one are not recorded"
-            self.close()
-            if self.on_error is not None:
-                self.on_error(self.path, self.error)
-
-    def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+from .rundir.events import EventLog as EventLog  # its old home: coordinator/server.py imports it from here until it adopts rundir.events
+from .rundir.record import write_failure
 
 
 @dataclass

@@ -28,6 +28,11 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..rundir.paths import RunPaths
+
+#: The soak's own record in its ``out`` folder (beside one run directory per schedule).
+CHAOS_FILE = "chaos.json"
+
 DEFAULTS: Dict[str, Any] = {
     "runs": 10, "seed": 0, "steps": 60, "nodes": 3, "workers_per_node": 1, "task": "mlp", "parallel": "ddp", "out": "chaos-runs", "timeout_s": 300, "redraws": 3,
     "cluster": "local", "kinds": "",
@@ -126,7 +131,7 @@ def _run(run_dir: str, overrides: List[str], timeout_s: float) -> Tuple[int, Opt
     except subprocess.TimeoutExpired:
         rc = -1
     try:
-        with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:
+        with open(RunPaths(run_dir).summary, encoding="utf-8") as f:
             return rc, json.load(f)
     except (OSError, ValueError):
         return rc, None
@@ -193,7 +198,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             redrawn.append(r)
         results.append(r)
     failed = [r for r in results if not r["ok"]]
-    with open(os.path.join(out, "chaos.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out, CHAOS_FILE), "w", encoding="utf-8") as f:
         json.dump({"options": opts, "baseline_sha256": ref["final_state_sha256"], "runs": results, "redrawn": redrawn}, f, indent=2)
     fired, planned = sum(r["fired"] for r in results), sum(r["planned"] for r in results)
     print(

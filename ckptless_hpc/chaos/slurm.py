@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..rundir.read import split_attempts
+from ..rundir.events import split_attempts
 from ..slurm import commands, minicluster, watch
+from .local import CHAOS_FILE
 
 LOSSES = ("crash_node", "kill_slurmd", "cancel_step", "lost_batch_host")
 KINDS = LOSSES + ("preempt",)
@@ -259,7 +260,7 @@ def main(opts: Dict[str, Any], base: List[str], want: str, say: Callable[[str], 
             redrawn.append(r)
         results.append(r)
     failed = [r for r in results if not r["ok"]]
-    with open(out / "chaos.json", "w", encoding="utf-8") as f:
+    with open(out / CHAOS_FILE, "w", encoding="utf-8") as f:
         json.dump({"options": opts, "baseline_sha256": want, "runs": results, "redrawn": redrawn}, f, indent=2)
     n_fired, planned = sum(r["fired"] for r in results), sum(r["planned"] for r in results)
     say(

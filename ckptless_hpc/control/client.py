@@ -8,9 +8,9 @@ import queue
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Union
 
-from . import wire
+from . import messages, wire
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,10 @@ class ControlClient:
         """The control socket's descriptor (a forked child must close its copy)."""
         return self._sock.fileno()
 
-    def send(self, msg: Dict[str, Any]) -> None:
+    def send(self, msg: Union[Dict[str, Any], "messages.Encodable"]) -> None:
+        """``msg``: a message of control/messages.py, or its encoded dict; ``t`` (when it was sent) is added."""
+        if not isinstance(msg, dict):
+            msg = msg.encode()
         msg.setdefault("t", time.time())
         data = wire.encode(msg)
         try:
@@ -56,7 +59,7 @@ class ControlClient:
     def start_heartbeats(self, interval_s: float) -> None:
         def beat() -> None:
             while True:
-                self.send({"type": "hb", **self.heartbeat_fields()})
+                self.send(messages.heartbeat(**self.heartbeat_fields()))
                 time.sleep(interval_s)
 
         threading.Thread(target=beat, name="heartbeat", daemon=True).start()

@@ -10,7 +10,7 @@ The relay is a small asyncio process next to the node's workers (no torch): it c
 the coordinator (the job's authenticated handshake), then listens on a node-local Unix socket
 where the workers connect (the same handshake) and speak the unchanged worker wire.
 
-Wire (each a frame of ``protocol``):
+Wire (each a frame of ``protocol``; the classes of control/messages.py ``RELAY``):
 
 - relay -> coordinator, first: ``{"type": "relay", "node", "pid", "host"}``;
   then ``{"type": "up", "m": [[worker, message], ...]}``: the workers' messages in order, each
@@ -44,7 +44,8 @@ import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from . import wire
+from . import messages, wire
+from .messages import Down, Dropped, Gone, Heartbeat, Hello, RelayHello, Stop
 
 log = logging.getLogger("ckptless_hpc.control.relay")
 
@@ -82,8 +83,8 @@ def private_dir(path: str) -> None:
         )
 
 
-UP = b'{"type":"up","m":['
-DOWN = b'{"type":"down","m":['
+UP = messages.UP_HEAD
+DOWN = messages.DOWN_HEAD
 
 
 def batch_frames(head: bytes, entries: List[bytes], max_body: int = wire.MAX_FRAME) -> List[bytes]:
@@ -160,7 +161,7 @@ class Upstream:
         sock = writer.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        writer.write(wire.encode({"type": "relay", "node": self.node, "pid": os.getpid(), "host": host}))
+        writer.write(wire.encode(RelayHello(self.node, os.getpid(), host).encode()))
         self.writer = writer
         self._up = Batcher(UP, self._write)
         frames = wire.FrameProtocol(self._on_frame, self._closed)
@@ -173,7 +174,7 @@ class Upstream:
 
     def forward(self, worker: str, msg: Dict[str, Any]) -> None:
         """A worker's message: a heartbeat is folded into the next summary, the rest leaves now."""
-        if msg.get("type") == "hb":
+        if msg.get("type") == Heartbeat.TYPE:  # the hot path: read in place (control/messages.py)
             self._heard[worker] = time.monotonic()
             self._beat[worker] = [msg.get("step"), msg.get("compute_s")]
             return
@@ -189,12 +190,12 @@ class Upstream:
         self._heard.pop(worker, None)
         self._beat.pop(worker, None)
         if self._up is not None:
-            self._up.put(message_entry(worker, {"type": "gone", "why": why}))
+            self._up.put(message_entry(worker, Gone(why).encode()))
 
     def summary(self, now: float) -> Dict[str, Any]:
         beats, self._beat = self._beat, {}
         w = {wid: [round(now - t, 4), *(beats.get(wid) or (None, None))] for wid, t in self._heard.items()}
-        return {"type": "hbs", "t": time.time(), "w": w}
+        return messages.heartbeat_summary(time.time(), w)
 
     async def _summary_loop(self) -> None:
         while self.writer is not None and not self.writer.is_closing():
@@ -203,7 +204,7 @@ class Upstream:
                 self._write(wire.encode(self.summary(time.monotonic())))
 
     def _on_frame(self, msg: Dict[str, Any]) -> None:
-        if msg.get("type") != "down":
+        if messages.kind(msg, messages.RELAY) is not Down:
             log.warning("node %s: unexpected %r frame from the coordinator", self.node, msg.get("type"))
             return
         for target, m in msg.get("m", ()):
@@ -255,7 +256,7 @@ class Relay:
             await wire.aserver_handshake(reader, writer, self.secret, timeout_s=5.0)
             hello = await asyncio.wait_for(wire.arecv_msg(reader), 30.0)
             wid = f"{hello.get('node')}.{hello.get('local')}"
-            if hello.get("type") != "hello" or hello.get("node") != self.node or wid in self.local:
+            if messages.kind(hello, messages.CONNECTING) is not Hello or hello.get("node") != self.node or wid in self.local:
                 raise wire.ProtocolError(f"unexpected hello {hello!r} at node {self.node}'s relay")
         except (wire.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as e:
             log.warning("node %s: rejected a local connection: %s", self.node, str(e) or type(e).__name__)
@@ -277,14 +278,15 @@ class Relay:
 
     def _deliver(self, workers: List[str], msg: Dict[str, Any]) -> None:
         frame = wire.encode(msg)
-        if msg.get("type") == "stop":
+        what = messages.kind(msg, messages.TO_WORKER)
+        if what is Stop:
             self.stopped.update(workers)
         for wid in workers:
             w = self.local.get(wid)
             if w is None or w.is_closing():
                 continue
             w.write(frame)
-            if msg.get("type") == "dropped":  # the coordinator declared it failed: said, then closed
+            if what is Dropped:  # the coordinator declared it failed: said, then closed
                 del self.local[wid]
                 w.close()
 

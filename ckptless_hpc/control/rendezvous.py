@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from . import wire
 from .listener import Listener
+from .messages import StoreAnswer, StoreRequest
 
 log = logging.getLogger(__name__)
 MAX_CLIENTS = 4096  # authenticated clients served at once
@@ -54,7 +55,7 @@ class StoreServer:
             conn.settimeout(None)
             while True:
                 req = wire.recv_msg(conn)
-                wire.send_msg(conn, {"type": "store", **self._answer(req)})
+                wire.send_msg(conn, self._answer(req).encode())
         except (wire.ProtocolError, KeyError, TypeError, ValueError) as e:
             self._listener.reject(addr, str(e))
         except (ConnectionError, OSError):
@@ -65,37 +66,39 @@ class StoreServer:
         if self._on_reject is not None:
             self._on_reject(addr, why)
 
-    def _answer(self, req: Dict[str, Any]) -> Dict[str, Any]:
+    def _answer(self, req: Dict[str, Any]) -> StoreAnswer:
+        """``req`` is read as it came (a missing or odd field: KeyError, TypeError, ValueError; the
+        connection is rejected, as before the message classes): see ``StoreRequest``."""
         op = req["op"]
         with self._cv:
             if op == "set":
                 self._data[req["key"]] = base64.b64decode(req["value"])
                 self._cv.notify_all()
-                return {"ok": True}
+                return StoreAnswer(True)
             if op == "get" or op == "wait":
                 keys = [req["key"]] if op == "get" else list(req["keys"])
                 if not self._cv.wait_for(lambda: all(k in self._data for k in keys), float(req["timeout_s"])):
                     missing = [k for k in keys if k not in self._data]
-                    return {"ok": False, "error": f"timed out after {req['timeout_s']}s waiting for {missing[:3]}"}
-                return {"ok": True, "value": base64.b64encode(self._data[keys[0]]).decode() if op == "get" else None}
+                    return StoreAnswer(False, error=f"timed out after {req['timeout_s']}s waiting for {missing[:3]}")
+                return StoreAnswer(True, base64.b64encode(self._data[keys[0]]).decode() if op == "get" else None)
             if op == "add":
                 v = int(self._data.get(req["key"], b"0")) + int(req["amount"])
                 self._data[req["key"]] = str(v).encode()
                 self._cv.notify_all()
-                return {"ok": True, "value": v}
+                return StoreAnswer(True, v)
             if op == "check":
-                return {"ok": True, "value": all(k in self._data for k in req["keys"])}
+                return StoreAnswer(True, all(k in self._data for k in req["keys"]))
             if op == "delete":
-                return {"ok": True, "value": self._data.pop(req["key"], None) is not None}
+                return StoreAnswer(True, self._data.pop(req["key"], None) is not None)
             if op == "num_keys":
-                return {"ok": True, "value": len(self._data)}
+                return StoreAnswer(True, len(self._data))
             if op == "compare_set":
                 cur, expected, desired = self._data.get(req["key"]), base64.b64decode(req["expected"]), base64.b64decode(req["desired"])
                 if (cur is None and not expected) or cur == expected:
                     self._data[req["key"]] = desired
                     self._cv.notify_all()
                     cur = desired
-                return {"ok": True, "value": base64.b64encode(cur if cur is not None else expected).decode()}
+                return StoreAnswer(True, base64.b64encode(cur if cur is not None else expected).decode())
         raise ValueError(f"unknown store operation {op!r}")
 
     def close(self) -> None:
@@ -123,7 +126,7 @@ class AuthStore(dist.Store):
     def _call(self, **req: Any) -> Any:
         with self._lock:
             self._sock.settimeout(self._timeout_s + 10.0)  # the server answers a blocking get at its timeout
-            wire.send_msg(self._sock, {"type": "store", **req})
+            wire.send_msg(self._sock, StoreRequest(**req).encode())
             ans = wire.recv_msg(self._sock)
         if not ans.get("ok"):
             raise RuntimeError(f"store {self._addr}: {req['op']} failed: {ans.get('error')}")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 from . import wire
+from .messages import Dropped
 from .relay import DOWN, Batcher, entry
 
 log = logging.getLogger("ckptless_hpc.coordinator")
@@ -167,7 +168,7 @@ class ControlServer:
             rec = self._accept_hello(m, RelayedWriter(link, wid))
         except (wire.ProtocolError, KeyError, ValueError, TypeError) as e:  # that worker is refused, not its node
             self._reject(f"{wid} through node {link.node}'s relay", e)
-            link.put(wid, wire.encode_body({"type": "dropped", "why": f"refused: {e}"[:500]}))
+            link.put(wid, wire.encode_body(Dropped(f"refused: {e}"[:500]).encode()))
             return
         link.recs[wid] = rec
         rec.reader = link.reader
@@ -243,7 +244,7 @@ class ControlServer:
         if isinstance(rec.writer, RelayedWriter):
             rec.writer.drop(why)
             return
-        self._write(rec, wire.encode({"type": "dropped", "why": why[:500]}))
+        self._write(rec, wire.encode(Dropped(why[:500]).encode()))
         rec.writer.close()
 
     def _write(self, rec: Any, frame: bytes) -> None:
@@ -315,7 +316,7 @@ class RelayedWriter:
 
     def drop(self, why: str) -> None:
         if not self._closed:
-            self.link.put(self.wid, wire.encode_body({"type": "dropped", "why": why[:500]}))
+            self.link.put(self.wid, wire.encode_body(Dropped(why[:500]).encode()))
             self.link.recs.pop(self.wid, None)
             self._closed = True
 

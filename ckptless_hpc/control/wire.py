@@ -22,6 +22,8 @@ import struct
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from .messages import HANDSHAKE, Auth, Challenge, Welcome, kind
+
 MAX_FRAME = 1 << 20
 AUTH_FRAME = 1024  # an unauthenticated peer may send this much, no more
 SECRET_ENV = "CKPTLESS_SECRET"
@@ -155,23 +157,23 @@ def client_handshake(sock: socket.socket, secret: str, timeout_s: Optional[float
 
 
 def _answer_challenge(challenge: Dict[str, Any], secret: str, mine: str) -> Dict[str, Any]:
-    if challenge.get("type") != "challenge" or not isinstance(challenge.get("nonce"), str):
+    if kind(challenge, HANDSHAKE) is not Challenge or not isinstance(challenge.get("nonce"), str):
         raise ProtocolError(f"expected a challenge, got {challenge.get('type')!r}")
-    return {"type": "auth", "mac": mac(secret, challenge["nonce"]), "nonce": mine}
+    return Auth(mac(secret, challenge["nonce"]), mine).encode()
 
 
 def _check_welcome(reply: Dict[str, Any], secret: str, mine: str) -> None:
-    if reply.get("type") != "welcome" or not _mac_ok(reply.get("mac"), secret, mine, "server"):
+    if kind(reply, HANDSHAKE) is not Welcome or not _mac_ok(reply.get("mac"), secret, mine, "server"):
         raise ProtocolError("the server did not prove it knows the job secret")
 
 
 def _check_answer(answer: Dict[str, Any], secret: str, nonce: str) -> Dict[str, Any]:
-    if answer.get("type") != "auth" or not _mac_ok(answer.get("mac"), secret, nonce, "client"):
+    if kind(answer, HANDSHAKE) is not Auth or not _mac_ok(answer.get("mac"), secret, nonce, "client"):
         raise ProtocolError("authentication failed: wrong or missing MAC")
     theirs = answer.get("nonce")
     if not isinstance(theirs, str) or not 16 <= len(theirs) <= 64:
         raise ProtocolError("authentication failed: missing client nonce")
-    return {"type": "welcome", "mac": mac(secret, theirs, "server")}
+    return Welcome(mac(secret, theirs, "server")).encode()
 
 
 def server_handshake(sock: socket.socket, secret: str, timeout_s: Optional[float] = None) -> None:
@@ -181,7 +183,7 @@ def server_handshake(sock: socket.socket, secret: str, timeout_s: Optional[float
     nonce = secrets.token_hex(16)
     deadline = _deadline(timeout_s)
     try:
-        send_msg(sock, {"type": "challenge", "nonce": nonce}, deadline)
+        send_msg(sock, Challenge(nonce).encode(), deadline)
         send_msg(sock, _check_answer(recv_msg(sock, AUTH_FRAME, deadline), secret, nonce), deadline)
     except TimeoutError:
         raise _late(timeout_s) from None
@@ -260,7 +262,7 @@ async def aserver_handshake(reader: asyncio.StreamReader, writer: asyncio.Stream
 
 async def _aserver_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, secret: str) -> None:
     nonce = secrets.token_hex(16)
-    writer.write(encode({"type": "challenge", "nonce": nonce}))
+    writer.write(encode(Challenge(nonce).encode()))
     await writer.drain()
     answer = await arecv_msg(reader, max_len=AUTH_FRAME)
     writer.write(encode(_check_answer(answer, secret, nonce)))

@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, List, Optional
 
-from ..metrics import EventLog, Recovery, goodput
+from ..metrics import Recovery, goodput
+from ..rundir.events import EventLog
+from ..rundir.paths import RunPaths
 from ..rundir.record import Failures, RecordError, write_json
 from ..rundir.restart import Restart, write as write_restart
 from .saved_copies import SavedCopies
@@ -17,8 +19,9 @@ from .saved_copies import SavedCopies
 class RunRecord:
     def __init__(self, run_dir: str, job_id: str, clock: Callable[[], float], copies: SavedCopies) -> None:
         self.run_dir, self.job_id, self.clock = run_dir, job_id, clock
+        self.paths = RunPaths(run_dir)  # every file of the run directory (rundir/paths.py)
         self.failures = Failures()  # the run record's writes that failed (record.py): said once, never raised
-        self.events = EventLog(os.path.join(run_dir, "events.jsonl"), job_id, clock, on_error=self.failures.report)
+        self.events = EventLog(self.paths.events, job_id, clock, on_error=self.failures.report)
         self.copies = copies  # train.save_every
         self.t_start, self.t_train = clock(), None  # type: float, Optional[float]
         self.saved: Optional[Dict[str, Any]] = None  # the emergency copy
@@ -32,9 +35,6 @@ class RunRecord:
     @classmethod
     def from_config(cls, cfg: Any, run_dir: str, job_id: str, clock: Callable[[], float], shards: int, mode: str) -> "RunRecord":
         return cls(run_dir, job_id, clock, SavedCopies(run_dir, shards, int(cfg.train.get("keep_saved", 2)), mode))
-
-    def path(self, *parts: str) -> str:
-        return os.path.join(self.run_dir, *parts)
 
     def newest_copy(self) -> Optional[Dict[str, Any]]:
         """The newest copy a restarted job may resume from: the emergency copy, a periodic one, the one resumed from."""
@@ -57,7 +57,7 @@ class RunRecord:
     def write_summary(self, summary: Dict[str, Any]) -> None:
         self.summary = summary
         try:
-            write_json(self.path("summary.json"), summary)
+            write_json(self.paths.summary, summary)
         except RecordError as e:  # the job's own exit code stands: the result goes to the console (run.human_summary)
             self.failures.report(e.path, str(e))
             summary["record_errors"] = self.failures.messages

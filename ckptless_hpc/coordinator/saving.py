@@ -10,6 +10,8 @@ import logging
 import os
 from typing import Any, Callable, Dict, Optional
 
+from ..control.messages import Abort, Export, Save, Stop
+from ..rundir.paths import state_file
 from ..rundir.record import PRIVATE_DIR_MODE, write_failure
 from ..state.placement import plan_shards
 from . import verdicts
@@ -41,7 +43,7 @@ class Saver:
         """Abort the in-flight step everywhere (a new generation) and collect the committed steps."""
         self.job.gen += 1
         g = self.job.g(self.job.gen)
-        self.control.broadcast(survivors.values(), {"type": "abort", "gen": self.job.gen})
+        self.control.broadcast(survivors.values(), Abort(self.job.gen).encode())
         await self.wait(Arrivals(survivors.values(), g.held.__contains__), self.timeout_s)
         return {w: m.step for w, m in g.held.items()}
 
@@ -58,8 +60,8 @@ class Saver:
             r.save_error = "nothing trained survived (no surviving worker holds the job's state; a spare that never received it holds a fresh model, which is not saved)"
             return None
         target, holder = chosen
-        path = r.path("state", "emergency.pt")
-        self.control.send(self.workers[holder], {"type": "stop", "save": path})
+        path = r.paths.emergency
+        self.control.send(self.workers[holder], Stop(save=path).encode())
         written = await self.wait(lambda: r.saved is not None or r.save_error is not None or self.workers[holder].role == "dead", self.timeout_s)
         if r.saved:
             self.persist()
@@ -77,7 +79,7 @@ class Saver:
         if plan is None:
             log.error("no emergency copy can be written: %s", why)
             return None
-        folder = r.path("state", f"emergency-step{plan.target_step}")
+        folder = r.paths.emergency_folder(plan.target_step)
         writers = {shard: workers[shard % len(workers)] for shard, workers in sorted(plan.holders_at_target.items())}
         if not await self.write_shards(folder, writers, plan.target_step):
             log.error("the sharded emergency copy is incomplete (%d of %d shards written): not used", len(r.shard_saves), len(writers))
@@ -103,8 +105,8 @@ class Saver:
             return False
         r.shard_saves = {}
         for shard, wid in sorted(writers.items()):
-            name = "state.pt" if not self.layout.sharded else f"shard{shard}.pt"
-            self.control.send(self.workers[wid], {"type": "save", "path": os.path.join(folder, name), "shard": shard, "step": step})
+            name = state_file(shard if self.layout.sharded else None)
+            self.control.send(self.workers[wid], Save(os.path.join(folder, name), shard, step).encode())
         dead = lambda: any(self.workers[w].role == "dead" for w in writers.values())  # noqa: E731
         await self.wait(lambda: len(r.shard_saves) == len(writers) or dead() or r.save_error is not None, self.timeout_s)
         return len(r.shard_saves) == len(writers)
@@ -114,16 +116,15 @@ class Saver:
         the lowest rank holding it), then its index and the full model (rank 0, from the files):
         RUN_DIR/final/state/ and RUN_DIR/final/model.pt. What was written, or why not."""
         r, step = self.record, self.cfg.train.steps
-        folder = r.path("final")
         writers = verdicts.final_writers(done, {w: self.workers[w].rank for w in done}, self.layout.shard_of)
-        if not await self.write_shards(os.path.join(folder, "state"), writers, step):
+        if not await self.write_shards(r.paths.final_state, writers, step):
             return {"error": f"the final state was not written: {r.save_error or 'a writer did not answer'}"}
         files = [r.shard_saves[k]["path"] for k in sorted(r.shard_saves)]
         r.final = None
         rank0 = self.workers[self.job.members.ranks[0]]
-        self.control.send(rank0, {"type": "export", "files": files, "out": os.path.join(folder, "model.pt"), "step": step})
+        self.control.send(rank0, Export(files, r.paths.final_model, step).encode())
         await self.wait(lambda: r.final is not None or rank0.role == "dead", self.timeout_s)
-        return r.final or {"error": f"rank 0 did not write {os.path.join(folder, 'model.pt')} within cluster.recovery_timeout_s={self.timeout_s}s"}
+        return r.final or {"error": f"rank 0 did not write {r.paths.final_model} within cluster.recovery_timeout_s={self.timeout_s}s"}
 
     # ---------------------------------------------------------------- the endings
     async def save_and_requeue(self, reason: str, survivors: Dict[int, str], held: Optional[Dict[str, Any]] = None, state_lost: bool = False) -> int:

@@ -28,12 +28,12 @@ from ..config import fault_list, global_batch
 from ..control import wire
 from ..control.server import ControlServer, Handlers
 from ..faults import faults_from_config
-from . import continuity, host, inbox, messages, scheduler_log
+from ..control import messages
+from . import continuity, host, scheduler_log
 from .health import Health
-from .inbox import Built, Done, Eval, Exported, ExportFailed, FaultFired, Fetched, Held, Joining, LoadFailed, Metrics, NonFinite, PeriodicFailed, PeriodicSaved, Ready, Saved, SaveFailed, StartupError, TransferFailed
+from ..control.messages import Built, Config, CopyAt, Done, Eval, Exported, ExportFailed, FaultAck, FaultFired, Fetched, Held, Inject, Joining, LoadFailed, Metrics, NonFinite, PeriodicFailed, PeriodicSaved, Ready, Saved, SaveFailed, StartupError, Stop, TransferFailed
 from .job import Complete, Finish, Inputs, JobMachine, LeaveRecovery, Options as JobOptions, Phase, SaveAndRequeue, StartTraining, StopNonfinite
 from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec
-from .messages import Endpoints
 from .planner import by_node, initial_ranks
 from .record import RunRecord
 from .recovery import Abort, Assign, Emit, Exclude, Lose, NewGeneration, Reformed, ReleaseCommands
@@ -45,6 +45,17 @@ from .wakeup import Wakeup
 from ..rundir.restart import shard_copy as _shard_copy
 
 log = logging.getLogger("ckptless_hpc.coordinator")
+
+
+class Endpoints:
+    """A worker's (host, state port) by id, read on demand: no per-assign copy of all workers."""
+
+    def __init__(self, workers: Dict[str, WorkerRec]) -> None:
+        self._w = workers
+
+    def __getitem__(self, wid: str) -> messages.Endpoint:
+        w = self._w[wid]
+        return w.host, w.state_port
 
 
 class Coordinator:
@@ -141,7 +152,7 @@ class Coordinator:
     def _welcome_msg(self, rec: WorkerRec) -> Dict[str, Any]:
         if self._config is None:
             self._config = OmegaConf.to_container(self.cfg, resolve=True)
-        return {"type": "config", "job": self.record.job_id, "config": self._config, "store": self.store_addr, "run_dir": self.record.run_dir, "spare": rec.role == "spare"}
+        return Config(self.record.job_id, self._config, self.store_addr, self.record.run_dir, rec.role == "spare").encode()
 
     def _on_message(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
         try:
@@ -152,7 +163,7 @@ class Coordinator:
         self._notify()
 
     def _dispatch(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
-        m = inbox.parse(msg)
+        m = messages.parse(msg)
         if m is None:
             log.warning("unknown message %r from %s", msg.get("type"), rec.wid)
         elif isinstance(m, Built):
@@ -175,7 +186,7 @@ class Coordinator:
         elif isinstance(m, TransferFailed):
             self._emit("transfer_error", rec, source=m.source, error=m.error)
         elif isinstance(m, FaultFired):
-            self.control.send(rec, {"type": "fault_ack", "index": m.index})  # recorded: the worker may now fire it
+            self.control.send(rec, FaultAck(m.index).encode())  # recorded: the worker may now fire it
             ev = self._emit("fault_injected", rec, step=m.step, kind=m.kind, index=m.index, pid=m.pid)
             self.job.fault_fired(m.index, m.kind, ev["time"])  # a kill's recovery has this event's time as its t_fail
             self._persist()
@@ -201,10 +212,10 @@ class Coordinator:
         self._emit("step", rec, step=m.step, loss=m.loss, lr=m.lr, grad_norm=m.grad_norm, step_s=m.step_s, skipped=m.skipped, at=now, **extra)
         doomed = self.job.spare_fault(m.step)
         if doomed is not None:
-            self.control.send(self.workers[doomed[1]], {"type": "inject", "index": doomed[0]})
+            self.control.send(self.workers[doomed[1]], Inject(doomed[0]).encode())
         ahead = self.record.copies.timed(now, m.step, float(self.cfg.train.get("save_every_s", 0.0)))
         if ahead is not None:  # train.save_every_s: every rank copies that step (worker/periodic.py)
-            self.control.broadcast(self.ranks.values(), {"type": "copy_at", "step": ahead})
+            self.control.broadcast(self.ranks.values(), CopyAt(ahead).encode())
         if back is not None:
             if back.refills:
                 asyncio.ensure_future(self._refill())
@@ -270,7 +281,7 @@ class Coordinator:
         elif kind != RECOVER:
             self._exclude(rec.node, f"spare {rec.wid} failed: {reason}")
             asyncio.ensure_future(self._refill())
-        if getattr(self.launcher, "node_is_one_step", False):  # its node's step ended with it: the node's ranks are lost together, one failure
+        if self.launcher.node_is_one_step:  # its node's step ended with it: the node's ranks are lost together, one failure
             for mate in self.members.node_mates(rec.wid):
                 self._lost(self.workers[mate], f"its node's step ended with worker {rec.wid} ({reason})")
         self._notify()
@@ -349,8 +360,7 @@ class Coordinator:
     async def _start_node(self, name: str, role: str) -> None:
         self.members.add_node(name, role)
         started = await self.launcher.start_node(name, self.cfg.cluster.workers_per_node, self.address, self.on_process_exit)
-        launched = getattr(self.launcher, "launched_identity", lambda w: None)
-        self._emit("node_started", node=name, role=role, workers=self.cfg.cluster.workers_per_node, identities={w: launched(w) for w in started or ()})
+        self._emit("node_started", node=name, role=role, workers=self.cfg.cluster.workers_per_node, identities={w: self.launcher.launched_identity(w) for w in started or ()})
 
     def _make_store(self, bind: str) -> None:
         """The rendezvous store (authenticated, bound to cluster.bind_host only: rendezvous.py)."""
@@ -389,7 +399,7 @@ class Coordinator:
         self.control.ready.set()
         self._persist()
         if self.cfg.train.tensorboard:
-            self.telemetry.open_tensorboard(self.record.path("tensorboard"), self.record.failures.report)
+            self.telemetry.open_tensorboard(self.record.paths.tensorboard, self.record.failures.report)
         watch = asyncio.ensure_future(self._heartbeat_watch())
         echo = asyncio.ensure_future(self.telemetry.console.follow(lambda: self.job.stopping))
         thresholds = gc.get_threshold()
@@ -497,7 +507,7 @@ class Coordinator:
         elif isinstance(a, Emit):
             self._emit(a.event, self.workers[a.worker] if a.worker else None, **a.fields)
         elif isinstance(a, Abort):
-            self.control.broadcast(a.workers, {"type": "abort", "gen": a.gen})
+            self.control.broadcast(a.workers, messages.Abort(a.gen).encode())
         elif isinstance(a, Lose):
             self._lost(self.workers[a.worker], a.why)
         elif isinstance(a, Assign):
@@ -521,10 +531,9 @@ class Coordinator:
     def _survivor_continuity(self, rec: Any) -> Dict[str, Any]:
         """Are the survivors of this recovery the processes launched for them? Measured by the
         launcher, outside the control connection (continuity.py); their identities, for the event."""
-        launched = getattr(self.launcher, "launched_identity", None)
-        live = getattr(self.launcher, "live_identity", None)
-        if launched is None or live is None:  # a launcher that cannot tell (a simulated one)
+        if not self.launcher.measures_identity:  # a launcher that cannot tell (a simulated one)
             return {}
+        launched, live = self.launcher.launched_identity, self.launcher.live_identity
         kept = [w for w in self.ranks.values() if w not in rec.replacements.values()]
         now = {w: live(w) for w in kept}
         restarted, unmeasured = continuity.compare({w: launched(w) for w in kept}, now)
@@ -573,7 +582,7 @@ class Coordinator:
     async def _shutdown(self) -> None:
         for w in self.workers.values():
             if w.role != "dead" and w.writer is not None:
-                self.control.send(w, {"type": "stop"})
+                self.control.send(w, Stop().encode())
             elif w.writer is None:  # still starting: it cannot hear a stop
                 self.launcher.kill_worker(w.wid)
         self.control.close_relays()  # the stops leave now, then each relay passes them on and exits: its node's step can end

@@ -16,18 +16,17 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..coordinator.continuity import Identity, proc_identity
 from ..control.wire import SECRET_ENV
 from ..worker import zygote
-from .base import Launcher
+from . import worker_argv
+from .base import ExitCallback
 
 log = logging.getLogger(__name__)
 
-ExitCallback = Callable[[str, int], None]
 FORK_ENV = "CKPTLESS_LOCAL_FORK"  # "0": no zygote, a process exec'd per worker
 FORK_TIMEOUT_S = 120.0  # a worker the zygote has not forked by then is an error, not a wait
 NO_FORK_HINT = f"HINT: {FORK_ENV}=0 starts each worker as its own process, without the zygote"
@@ -60,7 +59,7 @@ class Zygote:
 
     def __init__(self, env: Dict[str, str], log_dir: str, target: Optional[str] = None) -> None:
         self.log = os.path.join(log_dir, "zygote.log")
-        argv = [sys.executable, "-m", "ckptless_hpc.worker.zygote", *(["--target", target] if target else []), zygote.TITLE_ROOM]  # target: the tests' fake worker
+        argv = worker_argv.zygote_command(zygote.TITLE_ROOM, target)  # target: the tests' fake worker
         with open(self.log, "ab") as err:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
@@ -169,9 +168,13 @@ class Zygote:
         self.proc.stdout.close()
 
 
-class LocalLauncher(Launcher):
+class LocalLauncher:
     """Local processes: nothing waits for a scheduler (a kill is a signal, sent at once), and
-    local nodes are never reused anyway (replacements get new names)."""
+    local nodes are never reused anyway (replacements get new names). A ``base.Launcher``."""
+
+    batch_node: Optional[str] = None  # the coordinator runs in this process, on no node
+    node_is_one_step = False  # each worker is its own process: killing one leaves its node's others
+    measures_identity = True  # from /proc
 
     def __init__(self, nodes: int, spare_nodes: int, max_refills: int, bind_host: str, threads: int, log_dir: str, secret: str,
                  relay_interval_s: Optional[float] = None) -> None:
@@ -185,7 +188,6 @@ class LocalLauncher(Launcher):
         self._waiters: List["asyncio.Task[None]"] = []
         self._next = nodes + spare_nodes
         self.refills = 0
-        self.batch_node: Optional[str] = None  # the coordinator runs in this process, on no node
         os.makedirs(log_dir, exist_ok=True)
         self._zygote = Zygote(self._env(), log_dir) if os.environ.get(FORK_ENV, "1") != "0" else None
 
@@ -194,6 +196,18 @@ class LocalLauncher(Launcher):
         c = cfg.cluster
         relay = float(c.heartbeat_interval_s) if c.control == "node" else None
         return cls(c.nodes, c.spare_nodes, c.max_refills, c.bind_host, cfg.train.threads, os.path.join(run_dir, "logs"), secret, relay)
+
+    def register(self, worker: str, hello: Dict[str, Any]) -> None:
+        """Nothing to note: the launcher started the process itself."""
+
+    def hold_commands(self) -> None:
+        """No scheduler: a kill is a signal, sent at once."""
+
+    def release_commands(self) -> None:
+        """No scheduler: nothing was held."""
+
+    def exclude_node(self, node: str, why: str) -> None:
+        """Local nodes are never reused anyway (replacements get new names)."""
 
     def requeue(self, reason: str) -> Optional[str]:
         """None when requeued, else why not."""
@@ -235,25 +249,24 @@ class LocalLauncher(Launcher):
         env = self._env()
         started = []
         pgid = 0  # the node's first process leads a new process group; the others join it
-        via: List[str] = []
+        relay_path: Optional[str] = None
         if self.relay_interval_s is not None:  # the node's relay first (relay.py): the workers connect through it
             if self._relay_dir is None:
                 self._relay_dir = tempfile.mkdtemp(prefix="ckptless-relay-")
             path = os.path.join(self._relay_dir, f"{name}.sock")
-            argv = [sys.executable, "-m", "ckptless_hpc.control.relay", "--coordinator", coordinator, "--node", name, "--path", path, "--interval", str(self.relay_interval_s), "--host", self.bind_host]
+            argv = worker_argv.relay_command(coordinator, name, path, str(self.relay_interval_s), self.bind_host)
             with open(os.path.join(self.log_dir, f"relay-{name}.log"), "ab") as out:
                 relay = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=0)
             self._relays[name] = relay
-            pgid = relay.pid
-            via = ["--relay", path]
+            pgid, relay_path = relay.pid, path
         for j in range(workers):
             wid = f"{name}.{j}"
-            args = ["--coordinator", coordinator, "--node", name, "--local-index", str(j), "--host", self.bind_host, *via]
+            args = worker_argv.worker_args(coordinator, name, str(j), self.bind_host, relay_path)
             if self._zygote is not None:
                 proc: Any = await self._zygote.fork(args, self.log_path(wid), pgid, f"worker {wid} of node {name}")
             else:
                 with open(self.log_path(wid), "ab") as out:
-                    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "ckptless_hpc.worker", *args, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=pgid)
+                    proc = await asyncio.create_subprocess_exec(*worker_argv.worker_command(args), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=pgid)
             pgid = pgid or proc.pid
             self._procs[wid] = proc
             self._launched[wid] = proc_identity(proc.pid)

@@ -17,6 +17,7 @@ from typing import List, Optional
 from ..control.wire import load_secret
 from ..control.relay import socket_path
 from ..slurm.env import SlurmEnvironment
+from .worker_argv import relay_args, worker_args
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -34,10 +35,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if procid == ntasks - 1:
         from ..control import relay
 
-        return relay.main(["--coordinator", a.coordinator, "--node", a.node, "--path", path, "--interval", str(a.interval), "--host", a.host])
+        return relay.main(relay_args(a.coordinator, a.node, path, str(a.interval), a.host))
     from ..worker import runtime
 
-    runtime.main(["--coordinator", a.coordinator, "--node", a.node, "--local-index", str(procid), "--host", a.host, "--relay", path])
+    runtime.main(worker_args(a.coordinator, a.node, str(procid), a.host, path))
     return 0
 
 

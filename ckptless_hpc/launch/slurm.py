@@ -25,8 +25,9 @@ from ..coordinator.continuity import proc_identity
 from ..control.wire import SECRET_ENV, new_secret
 from ..slurm import commands, render
 from ..slurm.env import SlurmEnvironment
+from . import worker_argv
 from .background import CommandQueue
-from .base import Launcher
+from .base import ExitCallback
 
 log = logging.getLogger("ckptless_hpc.slurm")
 
@@ -62,10 +63,10 @@ def node_step_argv(cfg: Any, node: str, workers: int, coordinator: str, job_id: 
     workers (--overcommit) rather than asking for one of its own."""
     c = cfg.cluster
     if c.control == "node":
-        command = [sys.executable, "-m", "ckptless_hpc.launch.node_task", "--coordinator", coordinator, "--node", node, "--interval", str(c.heartbeat_interval_s), "--host", c.bind_host]
+        command = worker_argv.node_task_command(coordinator, node, str(c.heartbeat_interval_s), c.bind_host)
         tasks, extra = workers + 1, ["--overcommit"]
     else:
-        command = [sys.executable, "-m", "ckptless_hpc.worker", "--coordinator", coordinator, "--node", node, "--local-index", "slurm", "--host", c.bind_host]
+        command = worker_argv.worker_command(worker_argv.worker_args(coordinator, node, worker_argv.SLURM_INDEX, c.bind_host))
         tasks, extra = workers, []
     return render.srun_worker_argv(node, tasks, command, job_id=job_id, log_path=log_path, gpus_per_node=c.gpus_per_node, cpus_per_task=c.cpus_per_task, extra=extra)
 
@@ -204,16 +205,18 @@ def _read_json(path: str) -> Dict[str, Any]:
         return {}
 
 
-class SlurmLauncher(Launcher):
+class SlurmLauncher:
     """Worker and spare nodes as srun steps inside the allocation (all Slurm I/O via ckptless_hpc.slurm).
 
     ``kill_worker`` and ``exclude_node`` never wait for slurmctld: their scancel/scontrol go to
     a ``CommandQueue`` (one thread, in order), held while the coordinator plans a recovery and
     released once the promotion is sent. ``initial_nodes``, ``free_node`` and ``requeue`` do
-    answer with Slurm's reply: the coordinator calls them off its event loop.
+    answer with Slurm's reply: the coordinator calls them off its event loop. A ``base.Launcher``.
     """
 
+    batch_node: Optional[str] = None  # set from the environment: the batch host
     node_is_one_step = True  # one srun step per node: ``kill_worker`` ends the node's step, every rank of it
+    measures_identity = True  # srun's process on the batch host, and the node's step id
 
     def __init__(self, cfg: Any, run_dir: str, job_id: str, env: SlurmEnvironment, secret: str) -> None:
         self.cfg = cfg
@@ -272,7 +275,7 @@ class SlurmLauncher(Launcher):
     def log_path(self, worker: str) -> str:
         return os.path.join(self.log_dir, f"{worker}.log")
 
-    async def start_node(self, name: str, workers: int, coordinator: str, on_exit: Any) -> List[str]:
+    async def start_node(self, name: str, workers: int, coordinator: str, on_exit: ExitCallback) -> List[str]:
         argv = node_step_argv(self.cfg, name, workers, coordinator, self.job_id, os.path.join(self.log_dir, f"{name}.%t.log"))
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.cfg.train.threads))
         env[SECRET_ENV] = self.secret  # the step's environment, never its command line
@@ -289,6 +292,7 @@ class SlurmLauncher(Launcher):
             on_exit(f"{name}.{j}", rc)
 
     def register(self, worker: str, hello: Dict[str, Any]) -> None:
+        """Note the node's step id, from its first worker's hello (the target of a scancel)."""
         if hello.get("slurm_step") is not None:
             node = worker.rpartition(".")[0]
             self._steps[node] = int(hello["slurm_step"])
@@ -349,6 +353,7 @@ class SlurmLauncher(Launcher):
         return sorted(self._excluded | set(self.cfg.cluster.exclude or ()))
 
     async def shutdown(self, timeout_s: float) -> None:
+        """Wait for every step to end, end what is left, then run the queued scheduler commands."""
         live = [p for p in self._procs.values() if p.returncode is None]
         if live:
             await asyncio.wait([asyncio.ensure_future(p.wait()) for p in live], timeout=timeout_s)

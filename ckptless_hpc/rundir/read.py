@@ -15,22 +15,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..coordinator.planner import initial_ranks
+from .events import Event, RunDirError, read_events, split_attempts
+from .events import parse_events as parse_events  # re-exported: events.py owns it
+from .numbering import initial_ranks, node_order
+from .paths import RunPaths
 
-Event = Dict[str, Any]
 
 #: How far before a detection a fault injection may lie and still be "the" failure
 #: (mirrors the coordinator: heartbeat timeout plus two intervals).
 _DEFAULT_FAULT_WINDOW_S = 4.0
-
-
-#: Files that make a directory a run directory: events (the coordinator started), the summary
-#: (it ended), job.json (a Slurm job was submitted and may still be pending).
-RUN_MARKERS = ("events.jsonl", "summary.json", "job.json")
-
-
-class RunDirError(ValueError):
-    """A path that is not (or not yet) a readable run directory; the message has a HINT."""
 
 
 @dataclass
@@ -42,6 +35,10 @@ class Run:
     summary: Optional[Dict[str, Any]] = None
     config: Optional[Dict[str, Any]] = None
     overrides: List[str] = field(default_factory=list)
+
+    @property
+    def paths(self) -> RunPaths:
+        return RunPaths(self.path)
 
     @property
     def name(self) -> str:
@@ -70,11 +67,11 @@ class Run:
         return next((e for e in reversed(self.events) if e.get("event") == "job_started"), {})
 
     def log_path(self, worker: str) -> str:
-        return os.path.join(self.path, "logs", f"{worker}.log")
+        return self.paths.worker_log(worker)
 
     @property
     def coordinator_log(self) -> str:
-        return os.path.join(self.path, "coordinator.log")
+        return self.paths.coordinator_log
 
 
 # ------------------------------------------------------------------------------ loading
@@ -84,9 +81,9 @@ def load_run(path: str) -> Run:
         raise RunDirError(f"run directory {path!r} does not exist. HINT: pass the job's hydra.run.dir (default outputs/DATE/TIME)")
     if not os.path.isdir(path):
         raise RunDirError(f"{path!r} is a file, not a run directory. HINT: pass the directory that holds events.jsonl")
-    ev_path = os.path.join(path, "events.jsonl")
-    sm_path = os.path.join(path, "summary.json")
-    if not any(os.path.exists(os.path.join(path, f)) for f in RUN_MARKERS):
+    paths = RunPaths(path)
+    sm_path = paths.summary
+    if not paths.is_run_dir():
         children = run_dirs_below(path)
         hint = (
             f"it holds {len(children)} run directories (a sweep?): pass them, e.g. {children[0]!r}"
@@ -94,7 +91,7 @@ def load_run(path: str) -> Run:
             else "a run directory holds events.jsonl from the moment the job starts; pass the job's hydra.run.dir"
         )
         raise RunDirError(f"{path!r} is not a run directory (no events.jsonl, summary.json or job.json). HINT: {hint}")
-    events = parse_events(_read_text(ev_path)) if os.path.exists(ev_path) else []
+    events = read_events(path)
     summary = None
     if os.path.exists(sm_path):
         try:
@@ -113,7 +110,7 @@ def run_dirs_below(path: str) -> List[str]:
         names = os.listdir(path)
     except OSError:
         return []
-    found = [os.path.join(path, n) for n in names if any(os.path.isfile(os.path.join(path, n, f)) for f in RUN_MARKERS)]
+    found = [os.path.join(path, n) for n in names if any(os.path.isfile(m) for m in RunPaths(os.path.join(path, n)).markers)]
     return sorted(found, key=lambda p: _natural_key(os.path.basename(p)))
 
 
@@ -121,34 +118,9 @@ def expand_paths(paths: Sequence[str]) -> List[str]:
     """Each path as given, or, for a sweep directory (Hydra ``-m``), the run directories in it."""
     out: List[str] = []
     for p in paths:
-        is_run = any(os.path.exists(os.path.join(p, f)) for f in RUN_MARKERS)
+        is_run = RunPaths(p).is_run_dir()
         below = [] if is_run else run_dirs_below(p)
         out.extend(below or [p])
-    return out
-
-
-def parse_events(text: str) -> List[Event]:
-    """One event per line; a torn last line (the job is still writing it) is skipped."""
-    events = []
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                raise RunDirError(f"events.jsonl line {i + 1} is not JSON: {line[:80]!r}. HINT: the file was edited or truncated") from None
-    return events
-
-
-def split_attempts(events: Sequence[Event]) -> List[List[Event]]:
-    """Events grouped per coordinator start (each attempt opens with ``job_started``)."""
-    out: List[List[Event]] = []
-    for e in events:
-        if e.get("event") == "job_started" or not out:
-            out.append([])
-        out[-1].append(e)
     return out
 
 
@@ -158,7 +130,7 @@ def _read_text(path: str) -> str:
 
 
 def _load_config(path: str) -> Optional[Dict[str, Any]]:
-    cfg = os.path.join(path, ".hydra", "config.yaml")
+    cfg = RunPaths(path).hydra_config
     if not os.path.exists(cfg):
         return None
     from omegaconf import OmegaConf
@@ -170,7 +142,7 @@ def _load_config(path: str) -> Optional[Dict[str, Any]]:
 
 
 def _load_overrides(path: str) -> List[str]:
-    p = os.path.join(path, ".hydra", "overrides.yaml")
+    p = RunPaths(path).hydra_overrides
     if not os.path.exists(p):
         return []
     from omegaconf import OmegaConf
@@ -193,12 +165,6 @@ def _split_digits(s: str) -> List[str]:
             cur = ""
         cur += ch
     return parts + ([cur] if cur else [])
-
-
-def node_order(name: str) -> Tuple:
-    """Nodes sort as the coordinator numbers them: local2 < local10."""
-    digits = "".join(ch for ch in name if ch.isdigit())
-    return (name.rstrip("0123456789"), int(digits) if digits else -1, name)
 
 
 # ------------------------------------------------------------------------------ membership

@@ -23,6 +23,8 @@ import os
 import sys
 from typing import Any, Dict, List, Optional
 
+from .paths import HYDRA
+
 log = logging.getLogger("ckptless_hpc.rundir.record")
 
 #: Files that hold a model's state (the emergency copy, its shards): the owner's only.
@@ -147,7 +149,7 @@ def make_private(run_dir: str) -> None:
     """The run directory the job was just given (it holds only Hydra's files): the owner's only
     (0700), as the state inside it is. A directory that already held something is left as it is."""
     try:
-        if all(n == ".hydra" or n.endswith(".log") for n in os.listdir(run_dir)):
+        if all(n == HYDRA or n.endswith(".log") for n in os.listdir(run_dir)):
             os.chmod(run_dir, PRIVATE_DIR_MODE)
     except OSError:  # not ours to change: the files in it keep their own modes
         pass

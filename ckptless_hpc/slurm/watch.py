@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from ..rundir.read import parse_events, split_attempts
+from ..rundir.events import read_events, split_attempts
+from ..rundir.paths import LOGS, SUBMITIT, RunPaths
 from . import commands
 
 Event = Dict[str, Any]
@@ -42,10 +43,7 @@ def wait_for(what: str, condition: Callable[[], Any], within_s: float, poll_s: f
 
 def events(run_dir: Path) -> List[Event]:
     """Every event so far (all attempts); [] before the coordinator started."""
-    try:
-        return parse_events((Path(run_dir) / "events.jsonl").read_text(errors="replace"))
-    except FileNotFoundError:
-        return []
+    return read_events(str(run_dir))
 
 
 def wait_event(run_dir: Path, pred: Callable[[Event], bool], what: str, within_s: float = 120) -> Event:
@@ -58,7 +56,7 @@ def submit(run_dir: Path, *overrides: str, timeout_s: float = 120) -> str:
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
     if p.returncode != 0 or "submitted Slurm job" not in p.stdout:
         raise RuntimeError(f"submitting failed (exit {p.returncode}): {' '.join(cmd)}\n{p.stdout}{p.stderr}")
-    return str(json.loads((Path(run_dir) / "job.json").read_text())["job_id"])
+    return str(json.loads(Path(RunPaths(str(run_dir)).job).read_text())["job_id"])
 
 
 def in_queue(job_id: str) -> bool:
@@ -68,7 +66,7 @@ def in_queue(job_id: str) -> bool:
 def finished(job_id: str, run_dir: Path, within_s: float = 180) -> Dict[str, Any]:
     """Wait until the job leaves the queue; its summary.json."""
     wait_for(f"job {job_id} to leave the queue", lambda: not in_queue(job_id), within_s, poll_s=0.5, diagnose=lambda: diagnose(run_dir))
-    return json.loads((Path(run_dir) / "summary.json").read_text())
+    return json.loads(Path(RunPaths(str(run_dir)).summary).read_text())
 
 
 def batch_host(job_id: str) -> str:
@@ -111,7 +109,7 @@ def diagnose(run_dir: Path) -> str:
             out.append(f"$ {' '.join(argv)}: {e}")
     ev = events(run_dir)
     out.append("last events:\n" + "\n".join(json.dumps(e) for e in ev[-12:] if e.get("event") != "step"))
-    for log in sorted(run_dir.glob("*.log")) + sorted(run_dir.glob("logs/*.log")) + sorted(run_dir.glob("submitit/*.err")):
+    for log in sorted(run_dir.glob("*.log")) + sorted(run_dir.glob(f"{LOGS}/*.log")) + sorted(run_dir.glob(f"{SUBMITIT}/*.err")):
         lines = log.read_text(errors="replace").splitlines()
         if lines:
             out.append(f"--- {log.relative_to(run_dir)} (last 8 lines)\n" + "\n".join(lines[-8:]))

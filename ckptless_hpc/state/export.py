@@ -21,18 +21,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
+from ..rundir.paths import FINAL, INDEX, SHARD_FILE, STATE, RunPaths, step_of_folder
 from ..rundir.record import fsync_dir, remove_quietly, write_failure
 from . import emergency
 from .snapshot import state_sha256
-
-INDEX = "index.json"
-MODEL_FILE = "model.pt"
-_SHARD = re.compile(r"^shard(\d+)\.pt$")
 
 
 class ExportError(Exception):
@@ -79,7 +75,7 @@ def shard_files(path: str) -> Tuple[List[str], Optional[Dict[str, Any]]]:
         return [path], None
     if not os.path.isdir(path):
         raise ExportError(f"{path} does not exist. HINT: give a run directory, its final/ folder, a state folder or a state file")
-    for sub in ("final/state", "state"):
+    for sub in (os.path.join(FINAL, STATE), STATE):
         if os.path.isfile(os.path.join(path, sub, INDEX)):
             return shard_files(os.path.join(path, sub))
     index_path = os.path.join(path, INDEX)
@@ -87,7 +83,7 @@ def shard_files(path: str) -> Tuple[List[str], Optional[Dict[str, Any]]]:
         with open(index_path, encoding="utf-8") as f:
             index = json.load(f)
         return [os.path.join(path, rec["file"]) for _, rec in sorted(index["files"].items(), key=lambda kv: int(kv[0]))], index
-    shards = sorted((int(m.group(1)), n) for n in os.listdir(path) if (m := _SHARD.match(n)))
+    shards = sorted((int(m.group(1)), n) for n in os.listdir(path) if (m := SHARD_FILE.match(n)))
     if shards:
         if [k for k, _ in shards] != list(range(len(shards))):
             raise ExportError(f"{path} holds shards {[k for k, _ in shards]}, not 0..{len(shards) - 1}. HINT: every shard file of the copy is needed")
@@ -100,17 +96,17 @@ def shard_files(path: str) -> Tuple[List[str], Optional[Dict[str, Any]]]:
 
 def _newest_periodic(run_dir: str) -> Optional[str]:
     """The newest complete copy of train.save_every in ``run_dir`` (RUN_DIR/saved/step<S>/ with its index)."""
-    root = os.path.join(run_dir, "saved")
+    paths = RunPaths(run_dir)
     try:
-        steps = sorted((int(n[4:]) for n in os.listdir(root) if n.startswith("step") and n[4:].isdigit()), reverse=True)
+        steps = sorted((s for s in map(step_of_folder, os.listdir(paths.saved)) if s is not None), reverse=True)
     except OSError:
         return None
-    return next((os.path.join(root, f"step{s}") for s in steps if os.path.isfile(os.path.join(root, f"step{s}", INDEX))), None)
+    return next((paths.saved_step(s) for s in steps if os.path.isfile(paths.saved_index(s))), None)
 
 
 def _restart_copy(run_dir: str) -> Optional[str]:
     try:
-        with open(os.path.join(run_dir, "restart.json"), encoding="utf-8") as f:
+        with open(RunPaths(run_dir).restart, encoding="utf-8") as f:
             saved = (json.load(f) or {}).get("saved")
     except (OSError, ValueError):
         return None

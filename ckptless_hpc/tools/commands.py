@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
 
+from ..rundir.paths import MODEL, RunPaths
 from ..rundir.read import Progress, Run, RunDirError, expand_paths, load_run, progress, rank_history, worker_pids
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -111,7 +112,7 @@ def slurm_job_id(run: Run) -> Optional[str]:
 def _job_json(path: str) -> Dict:
     import json
 
-    p = os.path.join(path, "job.json")
+    p = RunPaths(path).job
     try:
         with open(p, encoding="utf-8") as f:
             return json.load(f)
@@ -248,11 +249,11 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     now = time.time()
     if len(runs) == 1:
         print(report.run_text(runs[0], now), file=out)
-        target = args.out or os.path.join(runs[0].path, "report.png")
+        target = args.out or runs[0].paths.report
         draw: Callable[[], str] = lambda: report.run_chart(runs[0], target)
     else:
         print(report.sweep_text(runs), file=out)
-        target = args.out or os.path.join(_common_dir([r.path for r in runs]), "report.png")
+        target = args.out or RunPaths(_common_dir([r.path for r in runs])).report
         draw = lambda: report.sweep_chart(runs, target)
     if args.no_chart:
         return EXIT_OK
@@ -487,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--timeout-s", type=float, default=15.0, help="how long to wait for the job to stop (default 15)")
     x = sub.add_parser("export", help="the full model of a saved state, as one state_dict file", description="Write the model's full state_dict (unsharded) from a saved state: a run directory (its final state, else the copy its restart.json names), its final/ folder, a state folder (final, emergency; sharded or not) or a state file. Load it with model.load_state_dict(torch.load(PATH, weights_only=True)).")
     x.add_argument("path", metavar="RUN_DIR_OR_COPY")
-    x.add_argument("--out", metavar="PT", default="model.pt", help="where to write it (default: model.pt)")
+    x.add_argument("--out", metavar="PT", default=MODEL, help=f"where to write it (default: {MODEL})")
     return p
 
 

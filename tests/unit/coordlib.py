@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, Dict, List, Optional, Tuple
 
 from hydra import compose, initialize_config_module
 
@@ -10,7 +10,6 @@ from ckptless_hpc.config import register_configs
 from ckptless_hpc.coordinator.job import Inputs, Phase
 from ckptless_hpc.coordinator.membership import Membership
 from ckptless_hpc.coordinator.planner import by_node, initial_ranks
-from ckptless_hpc.launch.base import Launcher
 
 register_configs()
 
@@ -35,17 +34,55 @@ def membership(nodes: int, wpn: int, spare_nodes: int) -> Membership:
     return m
 
 
-class NoLauncher(Launcher):
-    """Starts nothing; records what the coordinator asked for (pure-logic tests only)."""
+class NoLauncher:
+    """Starts nothing; records what the coordinator asked for (pure-logic tests only). Every
+    member of ``ckptless_hpc.launch.base.Launcher`` (test_launch_protocol.py checks it)."""
+
+    batch_node: Optional[str] = None
+    node_is_one_step = False
+    measures_identity = False  # no process: survivors are not checked
 
     def __init__(self) -> None:
         self.killed: List[str] = []
 
-    def kill_worker(self, wid: str) -> None:
-        self.killed.append(wid)
+    async def start_node(self, name: str, workers: int, coordinator: str, on_exit: Any) -> List[str]:
+        return [f"{name}.{j}" for j in range(workers)]
 
-    def log_path(self, wid: str) -> str:
+    def initial_nodes(self, excluded: Any = ()) -> Tuple[List[str], List[str]]:
+        return [], []
+
+    def free_node(self) -> Optional[str]:
+        return None
+
+    def register(self, worker: str, hello: Dict[str, Any]) -> None:
+        pass
+
+    def kill_worker(self, worker: str) -> None:
+        self.killed.append(worker)
+
+    def exclude_node(self, node: str, why: str) -> None:
+        pass
+
+    def hold_commands(self) -> None:
+        pass
+
+    def release_commands(self) -> None:
+        pass
+
+    def requeue(self, reason: str) -> Optional[str]:
+        return "the tests' launcher has no scheduler"
+
+    def log_path(self, worker: str) -> str:
         return "/nonexistent"
+
+    def launched_identity(self, worker: str) -> None:
+        return None
+
+    def live_identity(self, worker: str) -> None:
+        return None
+
+    async def shutdown(self, timeout_s: float) -> None:
+        pass
 
 
 class FakeWriter:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ckptless_hpc.control import wire
-from ckptless_hpc.coordinator import messages
+from ckptless_hpc.control import messages
 from ckptless_hpc.coordinator.planner import MAX_SOURCES, Spare, plan_recovery
 from ckptless_hpc.coordinator.shell import Coordinator, WorkerRec
 from coordlib import FakeWriter, NoLauncher, cfg

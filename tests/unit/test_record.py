@@ -1,4 +1,4 @@
-"""The run record's writers (record.py, metrics.EventLog) against real filesystems: a tiny
+"""The run record's writers (record.py, rundir/events.py's EventLog) against real filesystems: a tiny
 tmpfs that fills up and one remounted read-only. A failed write is reported, never raised, and
 loses nothing already written; every JSON written is strict."""
 
@@ -14,9 +14,8 @@ import pytest
 
 from ckpt_testlib import fill_up
 from ckptless_hpc.rundir import record
-from ckptless_hpc.metrics import EventLog
+from ckptless_hpc.rundir.events import EventLog, parse_events
 from ckptless_hpc.rundir.record import RecordError, RecordFileHandler
-from ckptless_hpc.rundir.read import parse_events
 from ckptless_hpc.train.engine import skip_budget
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,8 +8,8 @@ from typing import Any, Dict, List, Tuple
 import pytest
 
 from ckptless_hpc.control import wire
-from ckptless_hpc.coordinator import messages
-from ckptless_hpc.coordinator.inbox import Fetched, Held, Joining, Ready
+from ckptless_hpc.control import messages
+from ckptless_hpc.control.messages import Fetched, Held, Joining, Ready
 from ckptless_hpc.coordinator.planner import MAX_SOURCES
 from ckptless_hpc.coordinator.recovery import (
     Abort, Assign, Emit, Exclude, GiveUp, Lose, NewGeneration, Options, RecoveryMachine,

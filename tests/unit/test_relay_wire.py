@@ -11,7 +11,8 @@ import stat
 import pytest
 
 from ckptless_hpc.control import wire, relay
-from ckptless_hpc.coordinator import inbox, messages
+from ckptless_hpc.control import messages
+from ckptless_hpc.control import messages as inbox  # what the coordinator parses (control/messages.py)
 
 pytestmark = pytest.mark.timeout(30)
 

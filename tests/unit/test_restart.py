@@ -51,3 +51,31 @@ def test_the_coordinator_writes_what_it_restores(tmp_path):
     c._persist()
     c.events.close()
     assert json.loads((tmp_path / FILE).read_text()) == {"saved": SAVED, "excluded_nodes": ["n9"], "faults_done": [1, 3], "batch_node": None}
+
+
+def test_a_ranks_last_resort_keeps_what_the_coordinator_wrote_and_excludes_its_node(tmp_path):
+    from ckptless_hpc.rundir.restart import after_last_resort, read_or_empty
+
+    write(str(tmp_path), Restart.of(None, {"n3"}, {1}, "batch0"))
+    mine = dict(SAVED, step=20)
+    state = after_last_resort(read_or_empty(str(tmp_path)), mine, {4, 1})
+    write(str(tmp_path), state)
+    assert (tmp_path / FILE).read_text() == json.dumps({"saved": mine, "excluded_nodes": ["batch0", "n3"], "faults_done": [1, 4], "batch_node": "batch0"}, indent=2) + "\n"
+
+
+def test_a_spares_last_resort_changes_only_the_excluded_nodes():
+    from ckptless_hpc.rundir.restart import after_last_resort
+
+    previous = {"saved": SAVED, "excluded_nodes": ["n3"], "faults_done": [1], "batch_node": "batch0"}
+    assert after_last_resort(previous) == dict(previous, excluded_nodes=["batch0", "n3"])
+    assert previous["excluded_nodes"] == ["n3"]  # pure: the mapping read is not changed
+    assert after_last_resort({}) == {"excluded_nodes": []}  # no restart.json: what the worker wrote before (no key added)
+    assert after_last_resort({}, None, {2}) == {"saved": None, "faults_done": [2], "excluded_nodes": []}
+
+
+def test_an_unreadable_restart_json_reads_as_empty(tmp_path):
+    from ckptless_hpc.rundir.restart import read_or_empty
+
+    assert read_or_empty(str(tmp_path)) == {}
+    (tmp_path / FILE).write_text('{"saved": ')
+    assert read_or_empty(str(tmp_path)) == {}

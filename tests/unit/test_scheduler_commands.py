@@ -17,7 +17,7 @@ import pytest
 from ckptless_hpc.control import wire
 from ckptless_hpc.coordinator.shell import Coordinator, WorkerRec
 from ckptless_hpc.launch.background import CommandQueue
-from coordlib import cfg, recover, training
+from coordlib import NoLauncher, cfg, recover, training
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -80,12 +80,11 @@ def test_submitting_never_waits_for_a_slow_command():
     assert q.drain(10) and ran == ["slow", "next"]
 
 
-class OrderLauncher:
+class OrderLauncher(NoLauncher):
     """Writes every launcher call and every frame the coordinator sends into one list."""
 
-    batch_node = None
-
     def __init__(self, order: List[Any]) -> None:
+        super().__init__()
         self.order = order
 
     def hold_commands(self) -> None:
@@ -94,14 +93,11 @@ class OrderLauncher:
     def release_commands(self) -> None:
         self.order.append(("release",))
 
-    def kill_worker(self, wid: str) -> None:
-        self.order.append(("kill", wid))
+    def kill_worker(self, worker: str) -> None:
+        self.order.append(("kill", worker))
 
     def exclude_node(self, node: str, why: str) -> None:
         self.order.append(("exclude", node))
-
-    def log_path(self, wid: str) -> str:
-        return "/nonexistent"
 
 
 class OrderWriter:

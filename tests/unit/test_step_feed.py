@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ckptless_hpc.coordinator.inbox import Metrics
+from ckptless_hpc.control.messages import Metrics
 from ckptless_hpc.coordinator.shell import Coordinator, WorkerRec
 from ckptless_hpc.coordinator.step_feed import HeadCount, StepFeed, resumed
 from ckptless_hpc.metrics import Recovery, StepLog

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ckptless_hpc.launch.local import Zygote
+from ckptless_hpc.launch.worker_argv import worker_command
 from ckptless_hpc.worker import zygote
 
 pytestmark = pytest.mark.timeout(60)
@@ -91,6 +92,7 @@ def test_forked_workers_exit_codes_groups_and_command_lines(tmp_path, fake_env):
             # what ps and the tools see: the worker's command line, no padding, the secret in the environment only
             cmd = Path(f"/proc/{lead.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
             assert cmd == [sys.executable.encode(), b"-m", b"ckptless_hpc.worker", b"sleep", b"30", b"--node", b"local0"], cmd
+            assert cmd == [a.encode() for a in worker_command(["sleep", "30", "--node", "local0"])], cmd  # the title is the exec'd worker's command line
             assert b"FAKE_SECRET=s3cret" in Path(f"/proc/{lead.pid}/environ").read_bytes().split(b"\0")
             ztitle = Path(f"/proc/{z.proc.pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
             assert ztitle[1:3] == [b"-m", b"ckptless_hpc.worker.zygote"] and not any(a.strip() == b"" for a in ztitle), ztitle
