@@ -140,7 +140,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     def mark() -> None:
         """SIGUSR2: the heartbeat delays (and GC pauses) so far are one phase of the run; start the next."""
         marks.append(dict(coord.hb_delay.report(), gc=gc_pauses.take()))
-        coord.hb_delay = DelayHistogram()
+        coord.health.hb_delay = coord.control.hb_delay = DelayHistogram()  # the server adds to it, the summary reads it
 
     async def run() -> int:
         loop = asyncio.get_running_loop()

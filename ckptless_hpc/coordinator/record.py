@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, List, Optional
 
+from ..config import fault_list
 from ..metrics import Recovery, goodput
 from ..rundir.events import EventLog
 from ..rundir.paths import RunPaths
@@ -68,3 +69,44 @@ class RunRecord:
         t_train = self.t_train or now
         wall = now - t_train
         return {"startup_s": round(t_train - self.t_start, 3), "wall_s": round(wall, 3), "productive_s": round(productive, 3), "goodput": round(goodput(productive, wall), 4)}
+
+
+def log_tail(path: str, lines: int = 30) -> str:
+    """The last lines of a worker's log (what a start-up failure's error quotes)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def summary(r: RunRecord, code: int, status: str, error: Optional[str], final_sha: Optional[str], final: Optional[Dict[str, Any]], cfg: Any, job: Any, t: Any, h: Any) -> Dict[str, Any]:
+    """summary.json: how the job ended, its figures, what it saved; ``job``: the job machine,
+    ``t``: the telemetry (steps, metrics), ``h``: the health (heartbeat delays, stalls)."""
+    return {
+        "job": r.job_id, "status": status, "exit_code": code, "error": error,
+        "steps_completed": t.steps.last_step or 0, "steps_requested": cfg.train.steps,
+        "final_state_sha256": final_sha,
+        "final": final,  # train.save_final: the model file and the state folder, with their sha256
+        "world_size": job.world, "generations": job.gen + 1,
+        **r.timing(t.steps.productive_s),
+        "final_loss": t.steps.last_loss,
+        "final_metrics": t.last_metrics,  # the task's own, of the last step
+        "eval": t.last_eval,  # the last evaluation: {"step", "metrics"}
+        "faults": fault_list(cfg.fault), "faults_fired": sorted(job.faults_done), "excluded_nodes": sorted(job.members.bad_nodes),
+        "recoveries": [x.report() for x in r.recoveries],
+        "heartbeat_delay": h.hb_delay.report(),  # the workers' clocks against ours: exact on one machine only
+        "coordinator_stalls": {"total_s": round(h.stalls.stalled_s, 3), "worst_s": round(h.stalls.worst_s, 3)},
+        "skipped_steps": dict(t.skipped), "saved_state": r.saved, "parallel": layout_summary(job), "resumed_from": r.resume, "run_dir": r.run_dir,
+        "record_errors": r.failures.messages,  # files of the run record that could not be written (record.py)
+    }
+
+
+def layout_summary(job: Any) -> Dict[str, Any]:
+    layout, workers = job.layout, job.members.workers
+    out: Dict[str, Any] = {"mode": layout.mode, "survives_node_losses": layout.survives()}
+    if layout.sharded:
+        done = job.g(job.gen).done
+        out["copies_bytes_by_rank"] = {str(workers[w].rank): m.copies_bytes for w, m in sorted(done.items()) if m.copies_bytes is not None}
+        out["copy_costs_by_rank"] = {str(workers[w].rank): m.copy_costs for w, m in sorted(done.items()) if m.copy_costs is not None}
+    return out

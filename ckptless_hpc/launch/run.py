@@ -59,7 +59,7 @@ def run_local(cfg: Any, run_dir: str) -> int:
     secret = new_secret()
     launcher = LocalLauncher.from_config(cfg, run_dir, secret)
     coord = context.coordinator = Coordinator.from_config(cfg, run_dir, launcher, secret, job_id)
-    coord.resume = resume_record(cfg)
+    coord.record.resume = resume_record(cfg)
 
     async def main() -> int:
         loop = asyncio.get_running_loop()

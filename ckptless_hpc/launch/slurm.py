@@ -158,7 +158,7 @@ class SlurmJob:
         launcher = SlurmLauncher(cfg, self.run_dir, job_id, env, secret)
         coord = context.coordinator = Coordinator.from_config(cfg, self.run_dir, launcher, secret, job_id)
         launcher.commands.report = coord.command_done  # every scancel/scontrol outcome becomes an event
-        coord.resume = resume_record(cfg)  # resume_from (a requeue's own copy, below, is newer)
+        coord.record.resume = resume_record(cfg)  # resume_from (a requeue's own copy, below, is newer)
         if restart:
             coord.restore(restart)
             log.info("restart %d of job %s: resuming from %s, excluded nodes %s", env.restart_count, job_id, restart.get("saved"), restart.get("excluded_nodes"))

@@ -81,7 +81,7 @@ def test_the_step_log_of_a_coordinator_is_the_bounded_one(tmp_path):
     rec = c.workers["n0.0"] = WorkerRec("n0.0", "n0", 0, "active", writer=FakeWriter(), rank=0)
     c.ranks = {0: "n0.0"}
     for step in range(1, 2001):
-        c._dispatch(rec, {"type": "metrics", "step": step, "loss": 1.0, "step_s": 0.01, "gen": 0})
+        c.reader.dispatch(rec, {"type": "metrics", "step": step, "loss": 1.0, "step_s": 0.01, "gen": 0})
     assert len(c.steps) <= c.steps.window and c.steps.last_step == 2000
     assert c.telemetry.progress is not None and c.telemetry.feed.head_count.last[1] == 1
     c.events.close()

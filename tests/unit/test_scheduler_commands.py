@@ -132,12 +132,12 @@ def test_the_recovery_sends_the_promotion_before_any_scheduler_command(tmp_path)
         task = asyncio.ensure_future(recover(c))
         while ("send", "n0.0", "abort") not in order:
             await asyncio.sleep(0)
-        c._dispatch(c.workers["n0.0"], {"type": "held", "gen": 0, "abort_gen": 1, "step": 7, "pid": 1})
+        c.reader.dispatch(c.workers["n0.0"], {"type": "held", "gen": 0, "abort_gen": 1, "step": 7, "pid": 1})
         c._notify()
         while ("send", "n2.0", "assign") not in order:
             await asyncio.sleep(0)
         for wid in ("n0.0", "n2.0"):
-            c._dispatch(c.workers[wid], {"type": "ready", "gen": 1, "pid": 1})
+            c.reader.dispatch(c.workers[wid], {"type": "ready", "gen": 1, "pid": 1})
         c._notify()
         assert await asyncio.wait_for(task, 10) is None
 

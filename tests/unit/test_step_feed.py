@@ -99,7 +99,7 @@ def test_a_step_past_the_recovery_target_writes_resumed_after_its_step_event(tmp
     c.telemetry.feed.reformed(r, refills=0)
     for step, t in ((7, T0 + 3.0), (8, T0 + 3.5), (9, T0 + 4.0)):
         clock[0] = t
-        c._dispatch(rec, {"type": "metrics", "step": step, "loss": 1.0, "step_s": 0.1, "gen": 1})
+        c.reader.dispatch(rec, {"type": "metrics", "step": step, "loss": 1.0, "step_s": 0.1, "gen": 1})
     c.events.close()
     ev = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [(e["event"], e["step"]) for e in ev] == [("step", 7), ("step", 8), ("resumed", 8), ("step", 9)]
