@@ -198,6 +198,11 @@ class JobMachine:
         self.gen = a.gen
         self.reform_requested = False  # this generation is the re-forming asked for
 
+    def next_generation(self) -> int:
+        """A generation of its own for holding every rank before a save (saving.py): no recovery runs it."""
+        self.gen += 1
+        return self.gen
+
     def end(self) -> None:
         self.phase = Phase.ENDED
 

@@ -41,9 +41,9 @@ class Saver:
 
     async def hold_all(self, survivors: Dict[int, str]) -> Dict[str, Any]:
         """Abort the in-flight step everywhere (a new generation) and collect the committed steps."""
-        self.job.gen += 1
-        g = self.job.g(self.job.gen)
-        self.control.broadcast(survivors.values(), Abort(self.job.gen).encode())
+        gen = self.job.next_generation()
+        g = self.job.g(gen)
+        self.control.broadcast(survivors.values(), Abort(gen).encode())
         await self.wait(Arrivals(survivors.values(), g.held.__contains__), self.timeout_s)
         return {w: m.step for w, m in g.held.items()}
 
