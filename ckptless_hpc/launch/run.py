@@ -10,7 +10,7 @@ import sys
 import uuid
 from typing import Any, Dict, Optional
 
-from ..coordinator.server import Coordinator
+from ..coordinator.shell import Coordinator
 from ..control.wire import new_secret
 from ..rundir.paths import RunPaths
 from ..rundir.record import RecordFileHandler
@@ -59,8 +59,8 @@ def run_local(cfg: Any, run_dir: str) -> int:
     context = setup_logging(run_dir, job_id)
     secret = new_secret()
     launcher = LocalLauncher.from_config(cfg, run_dir, secret)
-    coord = context.coordinator = Coordinator(cfg, run_dir, launcher, secret, job_id)
-    coord.resume = resume_record(cfg)
+    coord = context.coordinator = Coordinator.from_config(cfg, run_dir, launcher, secret, job_id)
+    coord.record.resume = resume_record(cfg)
 
     async def main() -> int:
         loop = asyncio.get_running_loop()

@@ -140,7 +140,7 @@ class SlurmJob:
         template), so handle the warning signal here: save once, then ``scontrol requeue``."""
         from omegaconf import OmegaConf
 
-        from ..coordinator.server import Coordinator
+        from ..coordinator.shell import Coordinator
         from .run import human_summary, resume_record, setup_logging
 
         cfg = OmegaConf.create(self.config)
@@ -157,9 +157,9 @@ class SlurmJob:
         restart = _read_json(paths.RunPaths(self.run_dir).restart) if env.restart_count > 0 else {}
         secret = new_secret()
         launcher = SlurmLauncher(cfg, self.run_dir, job_id, env, secret)
-        coord = context.coordinator = Coordinator(cfg, self.run_dir, launcher, secret, job_id)
+        coord = context.coordinator = Coordinator.from_config(cfg, self.run_dir, launcher, secret, job_id)
         launcher.commands.report = coord.command_done  # every scancel/scontrol outcome becomes an event
-        coord.resume = resume_record(cfg)  # resume_from (a requeue's own copy, below, is newer)
+        coord.record.resume = resume_record(cfg)  # resume_from (a requeue's own copy, below, is newer)
         if restart:
             coord.restore(restart)
             log.info("restart %d of job %s: resuming from %s, excluded nodes %s", env.restart_count, job_id, restart.get("saved"), restart.get("excluded_nodes"))

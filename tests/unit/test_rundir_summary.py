@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ckptless_hpc.coordinator.server import Coordinator
+from ckptless_hpc.coordinator.shell import Coordinator
 from ckptless_hpc.rundir import summary
 from ckptless_hpc.rundir.events import RunDirError
 from coordlib import NoLauncher, cfg
