@@ -198,10 +198,10 @@ def metrics_cost(run_dir: Path, calls: int = 2000) -> Dict[str, Any]:
     through the million steps by its step log alone: nothing else it keeps depends on steps)."""
     from .b7_coord import SimLauncher, config
     from ckptless_hpc.control.messages import Metrics
-    from ckptless_hpc.coordinator.server import Coordinator, WorkerRec
+    from ckptless_hpc.coordinator.shell import Coordinator, WorkerRec
 
     run_dir.mkdir(parents=True, exist_ok=True)
-    c = Coordinator(config(2, 1, 1, 0.5, 3.0), str(run_dir), SimLauncher(2, 1, str(run_dir / "address.json")), new_secret(), "b7-metrics")
+    c = Coordinator.from_config(config(2, 1, 1, 0.5, 3.0), str(run_dir), SimLauncher(2, 1, str(run_dir / "address.json")), new_secret(), "b7-metrics")
     rec = c.workers["sim0.0"] = WorkerRec("sim0.0", "sim0", 0, "active", rank=0)
     c.ranks = {0: "sim0.0"}
 
@@ -212,7 +212,7 @@ def metrics_cost(run_dir: Path, calls: int = 2000) -> Dict[str, Any]:
             sent = [Metrics(s, 1.0, 0.01, gen=0, samples=8).encode() for s in range(first, first + calls)]  # built before the clock: its cost is the sender's
             t0 = time.perf_counter()
             for msg in sent:
-                c._dispatch(rec, msg)
+                c.reader.dispatch(rec, msg)
             best = min(best, (time.perf_counter() - t0) / calls)
         return best
 

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from hydra import compose, initialize_config_module
 
 from ckptless_hpc.config import register_configs, validate
-from ckptless_hpc.coordinator.server import Coordinator
+from ckptless_hpc.coordinator.shell import Coordinator
 from ckptless_hpc.launch.probes import PROBES
 from ckptless_hpc.launch.run import setup_logging
 from ckptless_hpc.metrics import DelayHistogram
@@ -132,7 +132,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     job_id = "b7"
     context = setup_logging(a.run_dir, job_id)
     launcher = SimLauncher(a.nodes, a.spare_nodes, os.path.join(a.run_dir, "address.json"))
-    coord = context.coordinator = Coordinator(cfg, a.run_dir, launcher, load_secret(), job_id)
+    coord = context.coordinator = Coordinator.from_config(cfg, a.run_dir, launcher, load_secret(), job_id)
 
     marks: List[Dict[str, Any]] = []
     gc_pauses = GcPauses()
@@ -141,7 +141,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     def mark() -> None:
         """SIGUSR2: the heartbeat delays (and GC pauses) so far are one phase of the run; start the next."""
         marks.append(dict(coord.hb_delay.report(), gc=gc_pauses.take()))
-        coord.hb_delay = DelayHistogram()
+        coord.health.hb_delay = coord.control.hb_delay = DelayHistogram()  # the server adds to it, the summary reads it
 
     async def run() -> int:
         loop = asyncio.get_running_loop()

@@ -4,12 +4,10 @@ a look at bytes waiting unread in a connection. No decisions here."""
 
 from __future__ import annotations
 
-import array
-import fcntl
 import gc
 import logging
-import termios
-from typing import Any
+
+from ..control.server import kernel_unread  # noqa: F401  (the control server's; read here by the tests of the host)
 
 log = logging.getLogger("ckptless_hpc.coordinator")
 
@@ -55,16 +53,3 @@ def settle_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-
-
-def kernel_unread(writer: Any) -> int:
-    """Bytes waiting in a connection's kernel receive buffer (0 when unknown)."""
-    sock = writer.get_extra_info("socket") if writer is not None else None
-    if sock is None:
-        return 0
-    try:
-        buf = array.array("i", [0])
-        fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
-        return buf[0]
-    except (OSError, ValueError):
-        return 0

@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Uni
 
 from ..metrics import Recovery
 from ..state.placement import LOST
-from .inbox import Fetched, Held, Joining, Message, Ready
+from ..control.messages import Fetched, Held, Joining, Message, Ready
 from .membership import Membership
 from .planner import Plan, plan_recovery, plan_sharded_recovery
 from .sharding import Layout, inventories

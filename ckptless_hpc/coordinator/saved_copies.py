@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 from typing import Any, Dict, List, Optional
 
+from ..rundir.paths import INDEX, RunPaths, step_folder, step_of_folder
 from ..rundir.record import RecordError, write_json
 
 log = logging.getLogger("ckptless_hpc.coordinator")
-_STEP = re.compile(r"^step(\d+)$")
 
 
 class SavedCopies:
     def __init__(self, run_dir: str, shards: int, keep: int, mode: str) -> None:
-        self.root, self.shards, self.keep, self.mode = os.path.join(run_dir, "saved"), shards, keep, mode
+        self.root, self.shards, self.keep, self.mode = RunPaths(run_dir).saved, shards, keep, mode
         self.pieces: Dict[int, Dict[int, Any]] = {}  # step -> shard -> its record
         self.newest: Optional[Dict[str, Any]] = None
         self.last_asked: Optional[float] = None  # when train.save_every_s last named a step
@@ -47,7 +46,7 @@ class SavedCopies:
         files = {str(k): {"file": os.path.basename(p.path), "sha256": p.sha256, "bytes": p.bytes, "state_sha256": p.state_sha256} for k, p in sorted(got.items())}
         index = {"format": 1, "mode": self.mode, "step": m.step, "files": files}
         try:
-            write_json(os.path.join(folder, "index.json"), index)
+            write_json(os.path.join(folder, INDEX), index)
         except RecordError as e:
             log.error("the copy of step %d is written but not its index, so it is not used: %s", m.step, e)
             return None
@@ -65,15 +64,15 @@ class SavedCopies:
         older than ``newest`` (each writer writes its copies in order: a piece of it still to
         come would have come first)."""
         root = self.root
-        complete = [s for s in _steps(root) if os.path.isfile(os.path.join(root, f"step{s}", "index.json"))]
+        complete = [s for s in _steps(root) if os.path.isfile(os.path.join(root, step_folder(s), INDEX))]
         kept = set(complete[-self.keep:])
         for s in _steps(root):
             if s < newest and s not in kept:
-                shutil.rmtree(os.path.join(root, f"step{s}"), ignore_errors=True)
+                shutil.rmtree(os.path.join(root, step_folder(s)), ignore_errors=True)
 
 def _steps(root: str) -> List[int]:
     try:
-        return sorted(int(m.group(1)) for n in os.listdir(root) if (m := _STEP.match(n)))
+        return sorted(s for n in os.listdir(root) if (s := step_of_folder(n)) is not None)
     except OSError:
         return []
 

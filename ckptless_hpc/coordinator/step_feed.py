@@ -11,7 +11,7 @@ from typing import Callable, Optional, Tuple
 
 from ..metrics import Recovery, StepLog, goodput
 from ..progress import Snapshot
-from .inbox import Metrics
+from ..control.messages import Metrics
 
 CENSUS_EVERY_S = 0.5
 

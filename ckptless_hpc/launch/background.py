@@ -17,7 +17,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional
+
+from ..coordinator.scheduler_log import describe, event_fields  # noqa: F401  (the outcome's event and log line)
 
 log = logging.getLogger("ckptless_hpc.launch")
 
@@ -150,16 +152,3 @@ class CommandQueue:
             "waited_s": round(started - cmd.queued_at, 4),
             "seconds": round(finished - started, 4),
         }
-
-
-def event_fields(outcome: Dict[str, Any]) -> Dict[str, Any]:
-    """An outcome's fields for its ``scheduler_command`` event (job and worker are the event's own)."""
-    return {k: v for k, v in outcome.items() if k not in ("job", "worker")}
-
-
-def describe(outcome: Dict[str, Any], gen: Optional[int], rank: Optional[int], step: Optional[int]) -> Tuple[int, str]:
-    """The log level and line of an outcome, naming generation, rank and training step."""
-    what = f"{outcome['action']} (node {outcome.get('node')}, Slurm step {outcome.get('slurm_step')}, gen {gen}, rank {rank}, at step {step})"
-    if outcome["ok"]:
-        return logging.INFO, f"{what} took {outcome['seconds']:.2f}s, queued {outcome['waited_s']:.2f}s before"
-    return logging.WARNING, f"{what} failed after {outcome['seconds']:.2f}s: {outcome['error']}"

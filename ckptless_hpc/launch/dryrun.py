@@ -9,6 +9,7 @@ import sys
 from typing import Any, List
 
 from ..config import Shape
+from ..rundir import paths
 
 EXIT_TASK = 2  # as any other invalid configuration
 
@@ -42,7 +43,7 @@ def slurm_lines(cfg: Any, run_dir: str) -> List[str]:
     from .slurm import node_step_argv, shape_from_config
 
     shape = shape_from_config(cfg, run_dir)
-    srun = node_step_argv(cfg, "NODE", cfg.cluster.workers_per_node, "BATCHHOST:PORT", None, f"{run_dir}/logs/NODE.%t.log")
+    srun = node_step_argv(cfg, "NODE", cfg.cluster.workers_per_node, "BATCHHOST:PORT", None, f"{run_dir}/{paths.LOGS}/NODE.%t.log")
     return [
         "sbatch (the coordinator's job, submitted through submitit):",
         *("  " + line for line in render.sbatch_header(shape)),

@@ -10,8 +10,9 @@ import sys
 import uuid
 from typing import Any, Dict, Optional
 
-from ..coordinator.server import Coordinator
+from ..coordinator.shell import Coordinator
 from ..control.wire import new_secret
+from ..rundir.paths import RunPaths
 from ..rundir.record import RecordFileHandler
 
 log = logging.getLogger("ckptless_hpc")
@@ -41,7 +42,7 @@ def setup_logging(run_dir: str, job_id: str) -> JobContext:
     for h in list(root.handlers):
         root.removeHandler(h)
     console = logging.StreamHandler(sys.stdout)
-    logfile = RecordFileHandler(os.path.join(run_dir, "coordinator.log"))  # a full disk: said once, the console goes on
+    logfile = RecordFileHandler(RunPaths(run_dir).coordinator_log)  # a full disk: said once, the console goes on
     for h in (console, logfile):
         h.setFormatter(fmt)
         h.addFilter(context)
@@ -58,8 +59,8 @@ def run_local(cfg: Any, run_dir: str) -> int:
     context = setup_logging(run_dir, job_id)
     secret = new_secret()
     launcher = LocalLauncher.from_config(cfg, run_dir, secret)
-    coord = context.coordinator = Coordinator(cfg, run_dir, launcher, secret, job_id)
-    coord.resume = resume_record(cfg)
+    coord = context.coordinator = Coordinator.from_config(cfg, run_dir, launcher, secret, job_id)
+    coord.record.resume = resume_record(cfg)
 
     async def main() -> int:
         loop = asyncio.get_running_loop()

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from hydra import compose, initialize_config_module
 
 from ckptless_hpc.config import register_configs
+from ckptless_hpc.coordinator.job import Inputs, Phase
 from ckptless_hpc.coordinator.membership import Membership
 from ckptless_hpc.coordinator.planner import by_node, initial_ranks
 
@@ -101,3 +102,16 @@ class FakeWriter:
 
     def get_extra_info(self, name: str) -> None:
         return None
+
+
+def training(c: Any, gen: int, t_train: float) -> None:
+    """A coordinator whose job is training in generation ``gen`` since ``t_train``, without starting it."""
+    c.job.gen, c.job.phase, c.record.t_train = gen, Phase.TRAINING, t_train
+
+
+async def recover(c: Any) -> Any:
+    """One recovery, carried out as the shell's loop does: None once re-formed, else the exit code."""
+    code = await c._execute(c.job.advance(c.clock())[0], [])
+    while code is None and c.job.phase is Phase.RECOVERING:
+        code = await c._execute(c.job.advance(c.clock(), Inputs(timed_out=await c._wait()))[0], [])
+    return code

@@ -9,7 +9,7 @@ import pytest
 from ckptless_hpc.control import wire
 from ckptless_hpc.control import messages
 from ckptless_hpc.coordinator.planner import MAX_SOURCES, Spare, plan_recovery
-from ckptless_hpc.coordinator.server import Coordinator, WorkerRec
+from ckptless_hpc.coordinator.shell import Coordinator, WorkerRec
 from coordlib import FakeWriter, NoLauncher, cfg
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,14 +47,14 @@ def test_an_assign_stays_far_below_the_frame_limit_at_100k_ranks():
 
 
 def _coordinator(tmp_path, **kw):
-    c = Coordinator(cfg("task=mlp", "cluster.nodes=2"), str(tmp_path), NoLauncher(), "s" * 64, "job-test", **kw)
+    c = Coordinator.from_config(cfg("task=mlp", "cluster.nodes=2"), str(tmp_path), NoLauncher(), "s" * 64, "job-test", **kw)
     return c
 
 
 def test_an_oversized_message_is_refused_by_name_not_raised(tmp_path, caplog):
     c = _coordinator(tmp_path)
     rec = c.workers["n0.0"] = WorkerRec("n0.0", "n0", 0, "active", writer=FakeWriter(), rank=0)
-    c._send(rec, {"type": "assign", "junk": "x" * (wire.MAX_FRAME + 1)})  # must not raise
+    c.control.send(rec, {"type": "assign", "junk": "x" * (wire.MAX_FRAME + 1)})  # must not raise
     assert rec.writer.frames == []
     assert "assign" in caplog.text and "n0.0" in caplog.text and "HINT" in caplog.text
     c.events.close()
@@ -81,9 +81,9 @@ def test_the_step_log_of_a_coordinator_is_the_bounded_one(tmp_path):
     rec = c.workers["n0.0"] = WorkerRec("n0.0", "n0", 0, "active", writer=FakeWriter(), rank=0)
     c.ranks = {0: "n0.0"}
     for step in range(1, 2001):
-        c._dispatch(rec, {"type": "metrics", "step": step, "loss": 1.0, "step_s": 0.01, "gen": 0})
+        c.reader.dispatch(rec, {"type": "metrics", "step": step, "loss": 1.0, "step_s": 0.01, "gen": 0})
     assert len(c.steps) <= c.steps.window and c.steps.last_step == 2000
-    assert c.progress is not None and c.feed.head_count.last[1] == 1
+    assert c.telemetry.progress is not None and c.telemetry.feed.head_count.last[1] == 1
     c.events.close()
 
 

@@ -11,11 +11,11 @@ import logging
 import pytest
 
 from ckptless_hpc.coordinator.detector import StragglerWatch, StragglerWindow
-from ckptless_hpc.coordinator.server import Coordinator
+from ckptless_hpc.coordinator.shell import Coordinator
 from ckptless_hpc.coordinator.wakeup import Wakeup
-from ckptless_hpc.launch.background import describe, event_fields
+from ckptless_hpc.coordinator.scheduler_log import describe, event_fields
 from ckptless_hpc.progress import ConsoleEcho, Progress
-from coordlib import NoLauncher, cfg, membership
+from coordlib import NoLauncher, cfg, membership, training
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -139,9 +139,10 @@ class _Nodes(NoLauncher):
 
 
 def _coordinator(tmp_path, launcher, *overrides):
-    c = Coordinator(cfg("task=mlp", "cluster.nodes=2", "cluster.workers_per_node=2", *overrides), str(tmp_path), launcher, "s" * 64, "job-test")
+    c = Coordinator.from_config(cfg("task=mlp", "cluster.nodes=2", "cluster.workers_per_node=2", *overrides), str(tmp_path), launcher, "s" * 64, "job-test")
     c.members = membership(2, 2, 1)
-    c.address, c.gen, c._t_train = "127.0.0.1:1", 0, 1000.0
+    c.address = "127.0.0.1:1"
+    training(c, 0, 1000.0)
     return c
 
 
@@ -172,8 +173,8 @@ def test_a_lost_worker_takes_its_node_mates_where_a_node_is_one_step(tmp_path, o
     c._lost(c.workers["n1.0"], "control connection closed (EOF)")
     c.events.close()
     if one_step:
-        assert sorted(c.pending) == ["n1.0", "n1.1"] and launcher.killed == ["n1.0", "n1.1"]
-        assert c.pending["n1.1"][0] == "its node's step ended with worker n1.0 (control connection closed (EOF))"
+        assert sorted(c.job.pending) == ["n1.0", "n1.1"] and launcher.killed == ["n1.0", "n1.1"]
+        assert c.job.pending["n1.1"][0] == "its node's step ended with worker n1.0 (control connection closed (EOF))"
     else:
-        assert sorted(c.pending) == ["n1.0"] and c.workers["n1.1"].role == "active"
+        assert sorted(c.job.pending) == ["n1.0"] and c.workers["n1.1"].role == "active"
     assert c.workers["n0.0"].role == "active" and c.workers["s0.0"].role == "spare"

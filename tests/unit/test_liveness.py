@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ckptless_hpc.coordinator.detector import StallMeter, silent_workers
-from ckptless_hpc.coordinator.server import Coordinator, WorkerRec
-from coordlib import FakeWriter, NoLauncher, cfg
+from ckptless_hpc.coordinator.shell import Coordinator, WorkerRec
+from coordlib import FakeWriter, NoLauncher, cfg, training
 
 pytestmark = pytest.mark.timeout(30)
 TIMEOUT = 3.0
@@ -66,18 +66,18 @@ class Clock:
 def test_the_coordinator_judges_silence_net_of_its_own_stall(tmp_path):
     clock = Clock(100.0)
     launcher = NoLauncher()
-    c = Coordinator(cfg("task=mlp", "cluster.nodes=2"), str(tmp_path), launcher, "s" * 64, "job-test", clock=clock)
-    c._t_train = 100.0
+    c = Coordinator.from_config(cfg("task=mlp", "cluster.nodes=2"), str(tmp_path), launcher, "s" * 64, "job-test", clock=clock)
+    training(c, 0, 100.0)
     for i in range(2):
         c.workers[f"n{i}.0"] = WorkerRec(f"n{i}.0", f"n{i}", 0, "active", writer=FakeWriter(), rank=i, built=True, last_seen=100.0)
     c.ranks = {0: "n0.0", 1: "n1.0"}
-    c.stalls.last_tick = 100.0
-    c.stalls.tick(108.0)  # a 7.5 s stall of the loop (7.0 s beyond the tolerance), e.g. a long garbage collection
+    c.health.stalls.last_tick = 100.0
+    c.health.stalls.tick(108.0)  # a 7.5 s stall of the loop (7.0 s beyond the tolerance), e.g. a long garbage collection
     c._judge_silence(108.0)
-    assert launcher.killed == [] and not c.pending
-    c.workers["n0.0"].last_seen, c.workers["n0.0"].seen_stall = 108.0, c.stalls.stalled_s  # n0 speaks, n1 stays silent
+    assert launcher.killed == [] and not c.job.pending
+    c.workers["n0.0"].last_seen, c.workers["n0.0"].seen_stall = 108.0, c.health.stalls.stalled_s  # n0 speaks, n1 stays silent
     for t in (108.5, 109.0, 109.5, 110.0, 110.5, 111.0):
-        c.stalls.tick(t)
+        c.health.stalls.tick(t)
     c._judge_silence(111.0)
-    assert launcher.killed == ["n1.0"] and list(c.pending) == ["n1.0"]
+    assert launcher.killed == ["n1.0"] and list(c.job.pending) == ["n1.0"]
     c.events.close()

@@ -58,7 +58,7 @@ def test_too_few_spares_for_a_mass_failure_is_a_reason_not_a_crash():
 
 
 def test_typed_messages_name_the_field_and_value_they_refuse():
-    from ckptless_hpc.control import messages as inbox  # moved from coordinator/inbox.py
+    from ckptless_hpc.control import messages as inbox
 
     held = inbox.parse({"type": "held", "gen": 0, "abort_gen": 1, "step": 5, "pid": 3, "reason": "abort", "t": 1.0})
     assert held == inbox.Held(gen=0, abort_gen=1, step=5, pid=3, reason="abort")

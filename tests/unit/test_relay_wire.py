@@ -103,13 +103,13 @@ def test_a_rankless_assign_and_the_checks_parse_keeps():
 
 
 def test_the_coordinator_reads_a_relay_link(tmp_path):
-    """The coordinator's side of a relay (coordinator/channel.py), driven with frames and a
+    """The coordinator's side of a relay (control/server.py), driven with frames and a
     writer that only collects (no socket): hellos accepted, a bad one refused without the
     node, ages from the summary, a gone worker lost, what is sent batched per loop iteration."""
     import asyncio
 
-    from ckptless_hpc.coordinator.channel import RelayLink, RelayedWriter
-    from ckptless_hpc.coordinator.server import Coordinator
+    from ckptless_hpc.control.server import RelayLink, RelayedWriter
+    from ckptless_hpc.coordinator.shell import Coordinator
     from coordlib import FakeWriter, NoLauncher, cfg
 
     class LinkWriter(FakeWriter):
@@ -120,20 +120,19 @@ def test_the_coordinator_reads_a_relay_link(tmp_path):
         return [e for f in frames for e in _decode(f)["m"]]
 
     async def go() -> None:
-        c = Coordinator(cfg("task=mlp", "cluster.nodes=2", "cluster.workers_per_node=2", "cluster.control=node"), str(tmp_path), NoLauncher(), "s" * 64, "job-relay")
+        c = Coordinator.from_config(cfg("task=mlp", "cluster.nodes=2", "cluster.workers_per_node=2", "cluster.control=node"), str(tmp_path), NoLauncher(), "s" * 64, "job-relay")
         c.members.add_node("local1", "active")
-        c._store_ready = asyncio.Event()
-        c._store_ready.set()
+        c.control.ready.set()
         c.store_addr = "127.0.0.1:1"
         w = LinkWriter()
-        link = c._accept_relay({"type": "relay", "node": "local1", "pid": 9, "host": "h"}, w)
+        link = c.control._accept_relay({"type": "relay", "node": "local1", "pid": 9, "host": "h"}, w)
         assert isinstance(link, RelayLink)
         with pytest.raises(wire.ProtocolError, match="did not start"):
-            c._accept_relay({"type": "relay", "node": "elsewhere"}, LinkWriter())
+            c.control._accept_relay({"type": "relay", "node": "elsewhere"}, LinkWriter())
         with pytest.raises(wire.ProtocolError, match="second relay"):
-            c._accept_relay({"type": "relay", "node": "local1"}, LinkWriter())
+            c.control._accept_relay({"type": "relay", "node": "local1"}, LinkWriter())
         hello = {"type": "hello", "node": "local1", "pid": 5, "host": "127.0.0.1"}
-        c._on_relay_frame(link, {"type": "up", "m": [["local1.0", dict(hello, local=0)], ["local1.1", dict(hello, local=1)],
+        c.control._on_relay_frame(link, {"type": "up", "m": [["local1.0", dict(hello, local=0)], ["local1.1", dict(hello, local=1)],
                                                      ["local1.1", dict(hello, local=1)]]})  # the third: already connected
         await asyncio.sleep(0)
         assert set(link.recs) == {"local1.0", "local1.1"} and isinstance(c.workers["local1.0"].writer, RelayedWriter)
@@ -143,21 +142,21 @@ def test_the_coordinator_reads_a_relay_link(tmp_path):
         c.events.close()
         rejected = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines() if '"connection_rejected"' in line]
         assert len(rejected) == 1 and "local1.1" in rejected[0]["peer"], rejected
-        c.events = type(c.events)(str(tmp_path / "events.jsonl"), "job-relay", c.clock)
+        c.record.events = type(c.events)(str(tmp_path / "events.jsonl"), "job-relay", c.clock)
 
         rec = c.workers["local1.0"]
         now = c.clock()
         rec.last_seen = now - 10.0  # last heard long ago, as far as the coordinator knows
-        c._on_relay_frame(link, {"type": "hbs", "t": now, "w": {"local1.0": [2.0, 40, 0.01], "local1.1": [0.1, None, None], "ghost.0": [0.0, 1, 1]}})
+        c.control._on_relay_frame(link, {"type": "hbs", "t": now, "w": {"local1.0": [2.0, 40, 0.01], "local1.1": [0.1, None, None], "ghost.0": [0.0, 1, 1]}})
         assert now - 2.5 < rec.last_seen < now - 1.5  # its age at the relay, not the summary's arrival
-        c._on_relay_frame(link, {"type": "hbs", "t": now, "w": {"local1.0": [5.0, None, None]}})
+        c.control._on_relay_frame(link, {"type": "hbs", "t": now, "w": {"local1.0": [5.0, None, None]}})
         assert rec.last_seen > now - 2.5  # an older age never moves it back
         w.frames.clear()
-        c._broadcast(["local1.0", "local1.1"], {"type": "abort", "gen": 1})
+        c.control.broadcast(["local1.0", "local1.1"], {"type": "abort", "gen": 1})
         await asyncio.sleep(0)
         assert down(w.frames) == [[["local1.0", "local1.1"], {"type": "abort", "gen": 1}]]  # one entry for the node
 
-        c._on_relay_frame(link, {"type": "up", "m": [["local1.1", {"type": "gone", "why": "control connection closed (EOF)"}]]})
+        c.control._on_relay_frame(link, {"type": "up", "m": [["local1.1", {"type": "gone", "why": "control connection closed (EOF)"}]]})
         assert c.workers["local1.1"].role == "dead" and "local1.1" not in link.recs
         c.events.close()
 

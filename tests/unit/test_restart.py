@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ckptless_hpc.rundir.restart import FILE, Restart, shard_copy, write
-from ckptless_hpc.coordinator.server import Coordinator
+from ckptless_hpc.coordinator.shell import Coordinator
 from coordlib import NoLauncher, cfg
 
 pytestmark = pytest.mark.timeout(60)
@@ -44,10 +44,10 @@ def test_each_rank_of_a_sharded_job_loads_its_own_shard():
 
 
 def test_the_coordinator_writes_what_it_restores(tmp_path):
-    c = Coordinator(cfg("task=mlp", "cluster.nodes=2"), str(tmp_path), NoLauncher(), "s" * 64, "job-test")
+    c = Coordinator.from_config(cfg("task=mlp", "cluster.nodes=2"), str(tmp_path), NoLauncher(), "s" * 64, "job-test")
     c.restore({"saved": SAVED, "excluded_nodes": ["n9"], "faults_done": [1]})
-    assert c.resume == SAVED and c.bad_nodes == {"n9"} and c.faults_done == {1}
-    c.faults_done.add(3)
+    assert c.resume == SAVED and c.bad_nodes == {"n9"} and c.job.faults_done == {1}
+    c.job.faults_done.add(3)
     c._persist()
     c.events.close()
     assert json.loads((tmp_path / FILE).read_text()) == {"saved": SAVED, "excluded_nodes": ["n9"], "faults_done": [1, 3], "batch_node": None}

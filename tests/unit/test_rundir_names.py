@@ -36,8 +36,6 @@ FOLDERS = {paths.LOGS, paths.HYDRA, paths.SUBMITIT, paths.STATE, paths.SAVED, pa
 #: room, landing in parallel). The lead removes each entry when its room has adopted RunPaths.
 ALLOWED = {
     "rundir": "the owner",
-    "coordinator": "ending.py, saved_copies.py, server.py: adopt RunPaths (summary, final/, state/, saved/, tensorboard/, events)",
-    "launch": "slurm.py, run.py, local.py: adopt RunPaths (job.json, coordinator.log, restart.json, logs/)",
 }
 
 Finding = Tuple[str, int, str]

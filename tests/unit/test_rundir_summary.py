@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ckptless_hpc.coordinator.server import Coordinator
+from ckptless_hpc.coordinator.shell import Coordinator
 from ckptless_hpc.rundir import summary
 from ckptless_hpc.rundir.events import RunDirError
 from coordlib import NoLauncher, cfg
@@ -16,11 +16,11 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_the_coordinators_summary_has_exactly_the_declared_fields_in_order(tmp_path):
-    c = Coordinator(cfg("task=mlp", "cluster.nodes=2"), str(tmp_path), NoLauncher(), "s" * 64, "job-test")
+    c = Coordinator.from_config(cfg("task=mlp", "cluster.nodes=2"), str(tmp_path), NoLauncher(), "s" * 64, "job-test")
     try:
         assert c._finish(0, "completed", None) == 0
     finally:
-        c.events.close()
+        c.record.events.close()
     written = json.loads((tmp_path / "summary.json").read_text())
     assert list(written) == list(summary.FIELDS), "a key was added to (or dropped from) summary.json: declare it in rundir/summary.py FIELDS"
     assert summary.read(str(tmp_path)) == written and written["status"] == "completed"

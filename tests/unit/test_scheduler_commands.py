@@ -15,9 +15,9 @@ from typing import Any, List
 import pytest
 
 from ckptless_hpc.control import wire
-from ckptless_hpc.coordinator.server import Coordinator, WorkerRec
+from ckptless_hpc.coordinator.shell import Coordinator, WorkerRec
 from ckptless_hpc.launch.background import CommandQueue
-from coordlib import NoLauncher, cfg
+from coordlib import NoLauncher, cfg, recover, training
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -119,25 +119,25 @@ class OrderWriter:
 
 def test_the_recovery_sends_the_promotion_before_any_scheduler_command(tmp_path):
     order: List[Any] = []
-    c = Coordinator(cfg("task=mlp", "cluster.nodes=2", "cluster.refill_spares=false"), str(tmp_path), OrderLauncher(order), "s" * 64, "job-test")
+    c = Coordinator.from_config(cfg("task=mlp", "cluster.nodes=2", "cluster.refill_spares=false"), str(tmp_path), OrderLauncher(order), "s" * 64, "job-test")
     for i, role in enumerate(("active", "active", "spare")):
         wid = f"n{i}.0"
         c.workers[wid] = WorkerRec(wid, f"n{i}", 0, role, writer=OrderWriter(wid, order), rank=i if role == "active" else None, built=True, host="h", state_port=1)
     c.ranks = {0: "n0.0", 1: "n1.0"}
     c.members.active_nodes = {"n0", "n1"}
-    c.gen, c._t_train = 0, 1.0
+    training(c, 0, 1.0)
 
     async def drive() -> None:
         c._lost(c.workers["n1.0"], "control connection closed (test)")
-        task = asyncio.ensure_future(c._recover())
+        task = asyncio.ensure_future(recover(c))
         while ("send", "n0.0", "abort") not in order:
             await asyncio.sleep(0)
-        c._dispatch(c.workers["n0.0"], {"type": "held", "gen": 0, "abort_gen": 1, "step": 7, "pid": 1})
+        c.reader.dispatch(c.workers["n0.0"], {"type": "held", "gen": 0, "abort_gen": 1, "step": 7, "pid": 1})
         c._notify()
         while ("send", "n2.0", "assign") not in order:
             await asyncio.sleep(0)
         for wid in ("n0.0", "n2.0"):
-            c._dispatch(c.workers[wid], {"type": "ready", "gen": 1, "pid": 1})
+            c.reader.dispatch(c.workers[wid], {"type": "ready", "gen": 1, "pid": 1})
         c._notify()
         assert await asyncio.wait_for(task, 10) is None
 

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from ckptless_hpc.control.messages import Metrics
-from ckptless_hpc.coordinator.server import Coordinator, WorkerRec
+from ckptless_hpc.coordinator.shell import Coordinator, WorkerRec
 from ckptless_hpc.coordinator.step_feed import HeadCount, StepFeed, resumed
 from ckptless_hpc.metrics import Recovery, StepLog
-from coordlib import FakeWriter, NoLauncher, cfg
+from coordlib import FakeWriter, NoLauncher, cfg, training
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -90,15 +90,16 @@ def test_the_head_count_is_taken_at_most_every_half_second():
 
 def test_a_step_past_the_recovery_target_writes_resumed_after_its_step_event(tmp_path):
     clock = [T0]
-    c = Coordinator(cfg("task=mlp", "cluster.nodes=2", "cluster.refill_spares=false"), str(tmp_path), NoLauncher(), "s" * 64, "job-test", clock=lambda: clock[0])
+    c = Coordinator.from_config(cfg("task=mlp", "cluster.nodes=2", "cluster.refill_spares=false"), str(tmp_path), NoLauncher(), "s" * 64, "job-test", clock=lambda: clock[0])
     rec = c.workers["n0.0"] = WorkerRec("n0.0", "n0", 0, "active", writer=FakeWriter(), rank=0)
-    c.ranks, c.gen, c._t_train = {0: "n0.0"}, 1, T0
+    c.ranks = {0: "n0.0"}
+    training(c, 1, T0)
     r = _recovery(target_step=7)
-    c.recoveries.append(r)
-    c.feed.reformed(r, refills=0)
+    c.record.recoveries.append(r)
+    c.telemetry.feed.reformed(r, refills=0)
     for step, t in ((7, T0 + 3.0), (8, T0 + 3.5), (9, T0 + 4.0)):
         clock[0] = t
-        c._dispatch(rec, {"type": "metrics", "step": step, "loss": 1.0, "step_s": 0.1, "gen": 1})
+        c.reader.dispatch(rec, {"type": "metrics", "step": step, "loss": 1.0, "step_s": 0.1, "gen": 1})
     c.events.close()
     ev = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [(e["event"], e["step"]) for e in ev] == [("step", 7), ("step", 8), ("resumed", 8), ("step", 9)]

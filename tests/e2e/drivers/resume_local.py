@@ -9,7 +9,7 @@ The local backend has no resume option of its own; this is how the tests reach t
 import json
 import sys
 
-from ckptless_hpc.coordinator.server import Coordinator
+from ckptless_hpc.coordinator.shell import Coordinator
 
 with open(sys.argv[1], encoding="utf-8") as f:
     RESTART = json.load(f)

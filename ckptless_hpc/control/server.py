@@ -1,26 +1,64 @@
-"""The coordinator's control channel: accepting, authenticating and reading worker connections,
-and writing to them. Socket I/O only: what a message means is decided elsewhere
-(``Coordinator._dispatch``, membership.py, detector.py)."""
+"""The coordinator's control server: accepting, authenticating and reading worker connections
+(direct, or through a node's relay: relay.py), and writing to them. Socket I/O only: what a
+message means is its owner's, told through ``Handlers``; the worker records it reads and
+writes (``coordinator.membership.WorkerRec``) are its owner's, shared by reference.
+
+Heartbeats, the one message every rank sends every interval, change no decision: they are
+read here in place (last seen, compute time, delay) and wake nobody."""
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import logging
-from typing import Any, Dict, Iterable, List
+import termios
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
-from ..control import wire
-from ..control.relay import DOWN, Batcher, entry
-from . import host, messages
-from .membership import WorkerRec
+from . import wire
+from .messages import Dropped
+from .relay import DOWN, Batcher, entry
 
 log = logging.getLogger("ckptless_hpc.coordinator")
 
 
-class Channel:
-    """Mixed into ``Coordinator``: reads frames into ``_on_frame`` and sends its messages."""
+@dataclass(frozen=True)
+class Handlers:
+    """What the server tells its owner, and the little it asks of it."""
 
-    workers: Dict[str, WorkerRec]
-    relays: Dict[str, "RelayLink"]
+    on_hello: Callable[[Any, Dict[str, Any], bool], None]  # a worker connected (its record, its hello, relayed)
+    on_message: Callable[[Any, Dict[str, Any]], None]  # any message but a heartbeat, as read
+    on_lost: Callable[[Any, str], None]  # its connection closed (why)
+    welcome: Callable[[Any], Dict[str, Any]]  # its first message: the config
+    emit: Callable[..., Any]  # an event of the run record (connection_rejected, relay_connected, send_refused)
+    gen: Callable[[], int]  # the generation, for log lines
+
+
+class ControlServer:
+    """One per job. ``workers``: wid -> record (writer, reader, outbox, last_seen, ...); the
+    heartbeat sinks: ``stalls`` (the coordinator's own stalls), ``straggling`` (compute times),
+    ``hb_delay`` (heartbeat sent -> read)."""
+
+    def __init__(self, workers: Mapping[str, Any], secret: str, clock: Callable[[], float], stalls: Any, straggling: Any, hb_delay: Any, handlers: Optional[Handlers] = None) -> None:
+        self.workers, self.secret, self.clock = workers, secret, clock
+        self.on: Handlers = handlers  # type: ignore[assignment]  # bind() where the owner is built after the server
+        self.stalls, self.straggling, self.hb_delay = stalls, straggling, hb_delay
+        self.relays: Dict[str, RelayLink] = {}  # node -> its relay's link (cluster.control=node)
+        self.ready = asyncio.Event()  # set once workers may be welcomed (the store is up)
+        self._server: Optional[asyncio.AbstractServer] = None
+
+    def bind(self, handlers: Handlers) -> None:
+        self.on = handlers
+
+    async def listen(self, host: str, backlog: int) -> str:
+        """Listen on ``host`` (any free port); the address workers connect to."""
+        self._server = await asyncio.start_server(self._handle, host=host, port=0, backlog=backlog)
+        return f"{host}:{self._server.sockets[0].getsockname()[1]}"
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
@@ -30,7 +68,7 @@ class Channel:
             link = self._accept_relay(hello, writer) if hello.get("type") == "relay" else None
             if link is None:
                 rec = self._accept_hello(hello, writer)
-                await self._store_ready.wait()
+                await self.ready.wait()
         except (wire.ProtocolError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError, KeyError, ValueError, TypeError) as e:
             self._reject(peer, e)
             writer.close()
@@ -43,15 +81,15 @@ class Channel:
         frames.take_over(reader, writer)
         self._welcome(rec)
         why = await closed
-        self._lost(rec, f"control connection closed ({why})")
+        self.on.on_lost(rec, f"control connection closed ({why})")
         writer.close()
 
     def _reject(self, peer: Any, e: BaseException) -> None:
         why = str(e) or type(e).__name__
         log.warning("rejected a connection from %s: %s", peer, why)
-        self._emit("connection_rejected", peer=str(peer), error=why)
+        self.on.emit("connection_rejected", peer=str(peer), error=why)
 
-    def _accept_hello(self, hello: Dict[str, Any], writer: Any) -> WorkerRec:
+    def _accept_hello(self, hello: Dict[str, Any], writer: Any) -> Any:
         """A worker says who it is: its record gets the connection (raises ProtocolError if it is
         nobody this job started, or is already connected)."""
         wid = f"{hello.get('node')}.{hello.get('local')}"
@@ -60,15 +98,14 @@ class Channel:
         rec = self.workers[wid]
         rec.writer, rec.pid, rec.host = writer, int(hello["pid"]), str(hello["host"])
         rec.last_seen, rec.seen_stall = self.clock(), self.stalls.stalled_s
-        self.launcher.register(wid, hello)
-        self._emit("worker_connected", rec, pid=rec.pid, slurm_step=hello.get("slurm_step"), relayed=isinstance(writer, RelayedWriter) or None)
+        self.on.on_hello(rec, hello, isinstance(writer, RelayedWriter))
         return rec
 
-    def _welcome(self, rec: WorkerRec) -> None:
+    def _welcome(self, rec: Any) -> None:
         """Its config, then what was said to it before it connected."""
-        self._send(rec, {"type": "config", "job": self.job_id, "config": self._config_dict(), "store": self.store_addr, "run_dir": self.run_dir, "spare": rec.role == "spare"})
+        self.send(rec, self.on.welcome(rec))
         for queued in rec.outbox:
-            self._send(rec, queued)
+            self.send(rec, queued)
         rec.outbox.clear()
 
     # ------------------------------------------------------------------ a node's relay (relay.py)
@@ -78,11 +115,11 @@ class Channel:
             raise wire.ProtocolError(f"a relay for node {node!r}, which this job did not start")
         if node in self.relays and not self.relays[node].writer.is_closing():
             raise wire.ProtocolError(f"a second relay for node {node!r} while its first is connected")
-        self._emit("relay_connected", node=node, pid=first.get("pid"), host=first.get("host"))
+        self.on.emit("relay_connected", node=node, pid=first.get("pid"), host=first.get("host"))
         link = self.relays[node] = RelayLink(node, writer)
         return link
 
-    def _close_relays(self) -> None:
+    def close_relays(self) -> None:
         """The job is over: what was written to the relays goes out, then their connections close."""
         for link in self.relays.values():
             link.flush()
@@ -95,7 +132,7 @@ class Channel:
         link.reader.take_over(reader, writer)
         why = await closed
         for rec in list(link.recs.values()):
-            self._lost(rec, f"the relay connection of node {node} closed ({why})")
+            self.on.on_lost(rec, f"the relay connection of node {node} closed ({why})")
         writer.close()
 
     def _on_relay_frame(self, link: "RelayLink", msg: Dict[str, Any]) -> None:
@@ -108,38 +145,40 @@ class Channel:
             for wid, m in msg["m"]:
                 self._on_relayed(link, str(wid), m)
         except (wire.ProtocolError, KeyError, ValueError, TypeError) as e:
-            log.error("gen=%s node=%s: malformed frame from the node's relay (%s: %s); closing it", self.gen, link.node, type(e).__name__, e)
-            self._emit("connection_rejected", node=link.node, error=f"{type(e).__name__}: {e}", port="relay")
+            log.error("gen=%s node=%s: malformed frame from the node's relay (%s: %s); closing it", self.on.gen(), link.node, type(e).__name__, e)
+            self.on.emit("connection_rejected", node=link.node, error=f"{type(e).__name__}: {e}", port="relay")
             link.writer.close()
 
     def _on_relayed(self, link: "RelayLink", wid: str, m: Dict[str, Any]) -> None:
         if m["type"] == "hello":
-            try:
-                if m.get("node") != link.node or wid != f"{m.get('node')}.{m.get('local')}":
-                    raise wire.ProtocolError(f"node {link.node}'s relay spoke for {wid} as {m.get('node')}.{m.get('local')}")
-                rec = self._accept_hello(m, RelayedWriter(link, wid))
-            except (wire.ProtocolError, KeyError, ValueError, TypeError) as e:  # that worker is refused, not its node
-                self._reject(f"{wid} through node {link.node}'s relay", e)
-                link.put(wid, wire.encode_body({"type": "dropped", "why": f"refused: {e}"[:500]}))
-                return
-            link.recs[wid] = rec
-            rec.reader = link.reader
-            if self._store_ready.is_set():
-                self._welcome(rec)
-            else:
-                asyncio.ensure_future(self._welcome_when_ready(rec))
-            return
+            return self._relayed_hello(link, wid, m)
         rec = link.recs.get(wid)
         if rec is None:
             return  # dropped already (its last words), or nobody this relay connected
         if m["type"] == "gone":
             del link.recs[wid]
-            self._lost(rec, str(m.get("why")))
+            self.on.on_lost(rec, str(m.get("why")))
         else:
             self._on_frame(rec, m)
 
-    async def _welcome_when_ready(self, rec: WorkerRec) -> None:
-        await self._store_ready.wait()
+    def _relayed_hello(self, link: "RelayLink", wid: str, m: Dict[str, Any]) -> None:
+        try:
+            if m.get("node") != link.node or wid != f"{m.get('node')}.{m.get('local')}":
+                raise wire.ProtocolError(f"node {link.node}'s relay spoke for {wid} as {m.get('node')}.{m.get('local')}")
+            rec = self._accept_hello(m, RelayedWriter(link, wid))
+        except (wire.ProtocolError, KeyError, ValueError, TypeError) as e:  # that worker is refused, not its node
+            self._reject(f"{wid} through node {link.node}'s relay", e)
+            link.put(wid, wire.encode_body(Dropped(f"refused: {e}"[:500]).encode()))
+            return
+        link.recs[wid] = rec
+        rec.reader = link.reader
+        if self.ready.is_set():
+            self._welcome(rec)
+        else:
+            asyncio.ensure_future(self._welcome_when_ready(rec))
+
+    async def _welcome_when_ready(self, rec: Any) -> None:
+        await self.ready.wait()
         if rec.role != "dead":
             self._welcome(rec)
 
@@ -159,33 +198,29 @@ class Channel:
             if step is not None or compute_s is not None:
                 self.straggling.add(wid, step, compute_s)
 
-    def _on_frame(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
+    def _on_frame(self, rec: Any, msg: Dict[str, Any]) -> None:
         now = self.clock()
         rec.last_seen, rec.seen_stall = now, self.stalls.stalled_s
         if msg["type"] == "hb":  # the most frequent message changes no decision: no wake-up
             self.straggling.add(rec.wid, msg.get("step"), msg.get("compute_s"))
             self.hb_delay.add(now - msg.get("t", now))
             return
-        try:
-            self._dispatch(rec, msg)
-        except (KeyError, ValueError, TypeError) as e:
-            log.error("gen=%s rank=%s node=%s: malformed %r message from %s (%s: %s); closing its connection", self.gen, rec.rank, rec.node, msg.get("type"), rec.wid, type(e).__name__, e)
-            self._lost(rec, f"malformed {msg.get('type')!r} message ({type(e).__name__}: {e})")
-        self._notify()
+        self.on.on_message(rec, msg)
 
-    def _send(self, rec: WorkerRec, msg: Dict[str, Any]) -> None:
+    # ------------------------------------------------------------------ writing
+    def send(self, rec: Any, msg: Dict[str, Any]) -> None:
         if rec.writer is None:  # still starting (a spare promoted before it connected): keep in order
             rec.outbox.append(msg)
             return
         try:
             frame = wire.encode(msg)
         except wire.ProtocolError as e:  # a bug, not the peer's fault: say so and keep the job alive
-            log.error("gen=%s rank=%s node=%s: %s %s not sent: %s. HINT: this is a coordinator bug; please report it", self.gen, rec.rank, rec.node, msg.get("type"), rec.wid, e)
-            self._emit("send_refused", rec, type=msg.get("type"), error=str(e))
+            log.error("gen=%s rank=%s node=%s: %s %s not sent: %s. HINT: this is a coordinator bug; please report it", self.on.gen(), rec.rank, rec.node, msg.get("type"), rec.wid, e)
+            self.on.emit("send_refused", rec, type=msg.get("type"), error=str(e))
             return
         self._write(rec, frame)
 
-    def _broadcast(self, wids: Iterable[str], msg: Dict[str, Any]) -> None:
+    def broadcast(self, wids: Iterable[str], msg: Dict[str, Any]) -> None:
         """The same message to many workers: encoded once; one entry per node's relay."""
         frame = wire.encode(msg)
         relayed: Dict[RelayLink, List[str]] = {}
@@ -201,7 +236,7 @@ class Channel:
         for link, group in relayed.items():
             link.put(group, frame[4:])
 
-    def _drop(self, rec: WorkerRec, why: str) -> None:
+    def drop(self, rec: Any, why: str) -> None:
         """Declared failed: it is told so (it then exits without any last resort), then its
         connection is closed."""
         if rec.writer is None or rec.writer.is_closing():
@@ -209,10 +244,10 @@ class Channel:
         if isinstance(rec.writer, RelayedWriter):
             rec.writer.drop(why)
             return
-        self._write(rec, wire.encode({"type": "dropped", "why": why[:500]}))
+        self._write(rec, wire.encode(Dropped(why[:500]).encode()))
         rec.writer.close()
 
-    def _write(self, rec: WorkerRec, frame: bytes) -> None:
+    def _write(self, rec: Any, frame: bytes) -> None:
         if rec.writer.is_closing():
             return
         try:
@@ -220,12 +255,25 @@ class Channel:
         except (ConnectionError, RuntimeError) as e:
             log.warning("send to %s failed: %s", rec.wid, e)
 
-    def _unread(self, wid: str) -> bool:
+    def unread(self, wid: str) -> bool:
         """Bytes from this worker wait to be read (buffered or in the kernel): it is not silent."""
         rec = self.workers[wid]
         if rec.reader is not None and rec.reader.pending() > 0:
             return True
-        return host.kernel_unread(rec.writer) > 0
+        return kernel_unread(rec.writer) > 0
+
+
+def kernel_unread(writer: Any) -> int:
+    """Bytes waiting in a connection's kernel receive buffer (0 when unknown)."""
+    sock = writer.get_extra_info("socket") if writer is not None else None
+    if sock is None:
+        return 0
+    try:
+        buf = array.array("i", [0])
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, buf)
+        return buf[0]
+    except (OSError, ValueError):
+        return 0
 
 
 class RelayLink:
@@ -235,7 +283,7 @@ class RelayLink:
     def __init__(self, node: str, writer: asyncio.StreamWriter) -> None:
         self.node, self.writer = node, writer
         self.reader: Any = None
-        self.recs: Dict[str, WorkerRec] = {}  # the workers connected through it, until gone or dropped
+        self.recs: Dict[str, Any] = {}  # the workers connected through it, until gone or dropped
         self._down = Batcher(DOWN, self._write)
 
     def put(self, target: Any, body: bytes) -> None:
@@ -268,21 +316,9 @@ class RelayedWriter:
 
     def drop(self, why: str) -> None:
         if not self._closed:
-            self.link.put(self.wid, wire.encode_body({"type": "dropped", "why": why[:500]}))
+            self.link.put(self.wid, wire.encode_body(Dropped(why[:500]).encode()))
             self.link.recs.pop(self.wid, None)
             self._closed = True
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.link.writer.get_extra_info(name, default)
-
-
-class Endpoints:
-    """A worker's (host, state port) by id, read on demand: no per-assign copy of all workers."""
-
-    def __init__(self, workers: Dict[str, WorkerRec]) -> None:
-        self._w = workers
-
-    def __getitem__(self, wid: str) -> messages.Endpoint:
-        w = self._w[wid]
-        return w.host, w.state_port
-

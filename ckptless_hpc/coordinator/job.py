@@ -1,0 +1,263 @@
+"""The job's lifecycle as a pure machine: STARTING -> TRAINING <-> RECOVERING -> SAVING -> ENDED.
+
+It owns the generation, the failures waiting for a recovery, the requests (save, cancel), the
+job's fatal error and non-finite report, the fault bookkeeping, and runs the recovery machine
+(recovery.py) inside it. ``advance(now, inputs)`` returns what to do and why, as torchft's
+``quorum_compute`` does; the shell (shell.py) carries the actions out (sockets, processes,
+files) and tells the machine what happened. No sockets, processes, clocks or sleeps here."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+from ..faults import KILLS, spare_fault_due
+from .membership import RECOVER, Membership, loss_kind
+from .recovery import GiveUp, NewGeneration, Options as RecoveryOptions, RecoveryMachine, Reformed
+from .verdicts import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, startup_timeout
+
+class Phase(enum.Enum):
+    STARTING = "starting"
+    TRAINING = "training"
+    RECOVERING = "recovering"
+    SAVING = "saving"
+    ENDED = "ended"
+
+
+@dataclass
+class GenState:
+    """What ending a job reads of one generation (a recovery's own tallies are in recovery.py)."""
+
+    held: Dict[str, Any] = field(default_factory=dict)
+    done: Dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- actions (besides recovery.py's)
+@dataclass(frozen=True)
+class Finish:
+    code: int
+    status: str
+    error: Optional[str]
+
+
+@dataclass(frozen=True)
+class StartTraining:
+    """Generation 0: assign the starters their ranks."""
+
+
+@dataclass(frozen=True)
+class SaveAndRequeue:
+    """Save once; requeue where the launcher can, else stop. ``survivors``/``held`` None: hold them all first."""
+
+    reason: str
+    survivors: Optional[Dict[int, str]] = None
+    held: Optional[Dict[str, Any]] = None
+    state_lost: bool = False
+
+
+@dataclass(frozen=True)
+class StopNonfinite:
+    nonfinite: Dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Complete:
+    """Every rank is done: verify the replicas (and save the final state)."""
+
+
+@dataclass(frozen=True)
+class LeaveRecovery:
+    """The recovery is over, whatever its outcome: the queued scheduler commands run."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the shell saw since the last call: start-up's arrivals, a deadline that passed."""
+
+    built: bool = False
+    missing: Sequence[str] = ()
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class Options:
+    startup_timeout_s: float
+    refill_spares: bool
+    spare_nodes: int
+    recovery: RecoveryOptions
+
+    @classmethod
+    def from_cluster(cls, c: Any) -> "Options":
+        return cls(float(c.startup_timeout_s), bool(c.refill_spares), int(c.spare_nodes), RecoveryOptions.from_cluster(c))
+
+
+class JobMachine:
+    def __init__(self, members: Membership, layout: Any, world: int, opts: Options, faults: Sequence[Any] = ()) -> None:
+        self.members, self.layout, self.world, self.opts, self.faults = members, layout, world, opts, list(faults)
+        self.phase = Phase.STARTING
+        self.gen = -1
+        self.gens: Dict[int, GenState] = {}
+        self.pending: Dict[str, Tuple[str, float]] = {}  # failed worker -> (reason, detect time)
+        self.fatal: Optional[str] = None
+        self.nonfinite: Optional[Dict[str, Any]] = None  # a rank refused a non-finite step (train.on_nonfinite=stop)
+        self.save_requested: Optional[str] = None  # preemption / time limit: save once, then requeue
+        self.cancel_requested: Optional[str] = None  # SIGTERM / SIGINT / ckptless-hpc cancel
+        self.reform_requested = False
+        self.recovery: Optional[RecoveryMachine] = None  # the recovery in progress
+        self.faults_done: Set[int] = set()
+        self.fault_times: List[float] = []  # kills fired: a recovery's t_fail
+        self._injected: Set[int] = set()
+        self.doomed: Set[str] = set()  # spares told to fire a fault: never promoted (their death may land late)
+
+    @property
+    def stopping(self) -> bool:
+        return self.phase is Phase.ENDED
+
+    def g(self, gen: int) -> GenState:
+        return self.gens.setdefault(gen, GenState())
+
+    def all_done(self) -> bool:
+        done = self.g(self.gen).done
+        return len(done) == self.world and all(w in done for w in self.members.ranks.values())
+
+    def attention(self) -> bool:
+        """Does training need a decision now (a failure, a request, an error, the end)?"""
+        return bool(self.pending or self.save_requested or self.cancel_requested or self.nonfinite) or self.reform_requested or self.fatal is not None or self.all_done()
+
+    def recovery_settled(self) -> bool:
+        """While recovering: can the recovery move on without waiting (new failures, all answered)?"""
+        return bool(self.pending) or (self.recovery is not None and self.recovery.satisfied())
+
+    # ---------------------------------------------------------------- the decision
+    def advance(self, now: float, inputs: Inputs = Inputs()) -> Tuple[List[Any], str]:
+        """What to do now and why. [] with a reason when nothing is to be done yet."""
+        if self.phase is Phase.STARTING:
+            return self._starting(inputs)
+        if self.phase is Phase.TRAINING:
+            return self._training(now)
+        if self.phase is Phase.RECOVERING:
+            return self._recovering(now, inputs.timed_out)
+        return [], f"{self.phase.value}: the shell carries it out"
+
+    def _end(self, code: int, status: str, error: Optional[str]) -> List[Any]:
+        self.phase = Phase.ENDED
+        return [Finish(code, status, error)]
+
+    def _starting(self, inputs: Inputs) -> Tuple[List[Any], str]:
+        if self.cancel_requested:
+            return self._end(EXIT_CANCELLED, "cancelled", self.cancel_requested), "cancel requested during start-up"
+        if self.fatal or not inputs.built:
+            self.fatal = self.fatal or startup_timeout(list(inputs.missing), self.opts.startup_timeout_s)
+            return self._end(EXIT_STARTUP, "startup_failed", self.fatal), "start-up failed"
+        self.gen, self.phase = 0, Phase.TRAINING
+        return [StartTraining()], "every starter is built"
+
+    def _training(self, now: float) -> Tuple[List[Any], str]:
+        if self.cancel_requested:
+            return self._end(EXIT_CANCELLED, "cancelled", self.cancel_requested), "cancel requested"
+        if self.fatal:
+            return self._end(EXIT_FAILED, "failed", self.fatal), "fatal error"
+        if self.nonfinite and not self.pending:
+            self.phase = Phase.SAVING
+            return [StopNonfinite(self.nonfinite)], "a non-finite step (train.on_nonfinite)"
+        if self.save_requested and not self.all_done():
+            self.phase = Phase.SAVING
+            return [SaveAndRequeue(self.save_requested)], "save requested (preemption or time limit)"
+        if self.pending or self.reform_requested:
+            self.phase = Phase.RECOVERING
+            self.recovery = RecoveryMachine(self.members, self.layout, self.opts.recovery, self.gen, self.doomed, self.fault_times)
+            return self._recovering(now, False)
+        if self.all_done():
+            self.phase = Phase.SAVING
+            return [Complete()], "every rank is done"
+        return [], "training"
+
+    def _recovering(self, now: float, timed_out: bool) -> Tuple[List[Any], str]:
+        if self.cancel_requested:  # a cancel never waits for the recovery (it may be stuck on a peer that never answers)
+            return self._leave(self._end(EXIT_CANCELLED, "cancelled", self.cancel_requested)), "cancel requested during a recovery"
+        m = self.recovery
+        failures, self.pending = self.pending, {}
+        out: List[Any] = []
+        for a in m.advance(max(now, m.deadline or now) if timed_out else now, failures):
+            if isinstance(a, GiveUp):
+                self.phase = Phase.SAVING
+                return self._leave(out + [SaveAndRequeue(a.reason, dict(a.survivors), dict(a.held_steps), a.state_lost)]), a.reason
+            out.append(a)
+            if isinstance(a, Reformed):
+                self.phase = Phase.TRAINING
+                return self._leave(out), "re-formed"
+        return out, f"recovering ({m.phase})"
+
+    def _leave(self, out: List[Any]) -> List[Any]:
+        self.recovery = None
+        return out + [LeaveRecovery()]
+
+    def adopt(self, a: NewGeneration) -> None:
+        """The shell carried out a recovery's new generation: it is the job's now."""
+        self.gen = a.gen
+        self.reform_requested = False  # this generation is the re-forming asked for
+
+    def next_generation(self) -> int:
+        """A generation of its own for holding every rank before a save (saving.py): no recovery runs it."""
+        self.gen += 1
+        return self.gen
+
+    def end(self) -> None:
+        self.phase = Phase.ENDED
+
+    # ---------------------------------------------------------------- what happened
+    def lost(self, wid: str, was: Optional[str], reason: str, t_detect: float) -> str:
+        """A worker is gone: membership.loss_kind's FATAL_AT_STARTUP, RECOVER (a failure for the next recovery) or SPARE_LOST."""
+        kind = loss_kind(was, self.phase is not Phase.STARTING)
+        if kind == RECOVER:
+            self.pending[wid] = (reason, t_detect)
+        return kind
+
+    def fail(self, why: str) -> None:
+        """The job cannot go on (the first error is the one reported)."""
+        self.fatal = self.fatal or why
+
+    def held(self, wid: str, role: str, m: Any) -> Optional[str]:
+        """A held message: "abort" (an answer to an abort), "start_failed", "collective_error"
+        (a survivor saw a collective fail: re-form after a grace unless explained) or None."""
+        if m.abort_gen is not None:
+            self.g(m.abort_gen).held[wid] = m
+            if self.recovery is not None:
+                self.recovery.on_message(wid, m)
+            return "abort"
+        if str(m.reason).startswith("start failed") and m.gen == self.gen and not self.stopping:
+            if self.recovery is not None:
+                self.recovery.on_start_failed(wid, m.gen, str(m.reason), m.blame or ())
+            return "start_failed"
+        if not self.stopping and role == "active" and m.gen == self.gen:
+            return "collective_error"
+        return None
+
+    def reform_if_unexplained(self, gen: int) -> bool:
+        """After the grace of a collective error: nobody known dead, same generation: re-form."""
+        if self.gen == gen and not self.pending and not self.stopping:
+            self.reform_requested = True
+        return self.reform_requested
+
+    def fault_fired(self, index: int, kind: str, t: float) -> None:
+        self.faults_done.add(index)
+        if kind in KILLS:  # only a fault that fails a rank can be a recovery's t_fail (not a straggler, a spare, the wire)
+            self.fault_times.append(t)
+
+    def spare_fault(self, step: int) -> Optional[Tuple[int, str]]:
+        """A kill_spare fault due at this step: (its index, the connected spare to fire it); that
+        spare is never promoted after."""
+        f = spare_fault_due(self.faults, self.faults_done | self._injected, step) if self.faults else None
+        spare = None if f is None else self.members.connected_spare()
+        if f is None or spare is None:
+            return None
+        self._injected.add(f.index)
+        self.doomed.add(spare.wid)
+        return f.index, spare.wid
+
+    def refills(self) -> int:
+        """How many spare nodes to start now (``cluster.spare_nodes`` are kept, counted in nodes)."""
+        if self.stopping or not self.opts.refill_spares:
+            return 0
+        return self.members.spare_nodes_missing(self.opts.spare_nodes)
