@@ -13,13 +13,14 @@ import torch
 from ..control.client import exit_now
 from ..train import cuda
 from ..train.comm import Communicator, DeadlineExceeded, Retired, connect_store, within
+from .seams import EngineGroups
 from .exits import EXIT_CUDA_POISONED, EXIT_WEDGED
 
 log = logging.getLogger("ckptless_hpc.worker")
 
 
 class Groups:
-    def __init__(self, cfg: Any, engine: Any, store_addr: str, secret: str, host: str, device: torch.device, backend: Optional[str]) -> None:
+    def __init__(self, cfg: Any, engine: EngineGroups, store_addr: str, secret: str, host: str, device: torch.device, backend: Optional[str]) -> None:
         self.cluster, self.engine = cfg.cluster, engine
         self.store_addr, self.secret, self.host = store_addr, secret, host
         self.device, self.backend = device, backend

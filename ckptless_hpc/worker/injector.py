@@ -8,12 +8,13 @@ import logging
 import os
 import threading
 import time
-from typing import Any, List, Optional, Set
+from typing import List, Optional, Set
 
 from .. import faults as faultlib
 from ..slurm.commands import cancel_step
 from ..slurm.env import SlurmEnvironment
 from ..control.messages import FaultFired
+from .seams import Sender
 from .standing import Standing
 
 log = logging.getLogger("ckptless_hpc.worker")
@@ -22,7 +23,7 @@ FAULT_ACK_WAIT_S = 5.0  # an injected fault waits this long at most for the coor
 
 
 class FaultInjector:
-    def __init__(self, client: Any, standing: Standing) -> None:
+    def __init__(self, client: Sender, standing: Standing) -> None:
         self.client, self.standing = client, standing
         self.faults: List[faultlib.Fault] = []
         self.workers_per_node = 1

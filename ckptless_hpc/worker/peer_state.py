@@ -27,6 +27,8 @@ from ..state.fetch import Behind, Source, fetch
 from ..state.transfer import Arena, StaleState, TransferError, Want
 from .injector import FaultInjector
 from .interrupt import Aborted, CollectiveError, Waiter
+from .seams import EngineState, Sender
+from .shard_copies import ShardCopies
 from .standing import Standing
 
 log = logging.getLogger("ckptless_hpc.worker")
@@ -37,7 +39,7 @@ class PeerState:
     state still arrives behind the first step. What it reads of the worker (its standing, its
     waits, its faults, its shard copies) is passed in."""
 
-    def __init__(self, cfg: Any, engine: Any, shards: Any, secret: str, client: Any, waiter: Waiter, faults: FaultInjector, standing: Standing, node: str) -> None:
+    def __init__(self, cfg: Any, engine: EngineState, shards: Optional[ShardCopies], secret: str, client: Sender, waiter: Waiter, faults: FaultInjector, standing: Standing, node: str) -> None:
         self.cluster, self.engine, self.shards, self.secret, self.client = cfg.cluster, engine, shards, secret, client
         self.waiter, self.faults, self.standing, self.node = waiter, faults, standing, node
         self.behind: Optional[Behind] = None  # parameters first: the optimizer state still arriving behind the first step

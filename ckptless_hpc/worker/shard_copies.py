@@ -13,12 +13,13 @@ from ..state.placement import REPLICATED_BY_COPIES
 from ..state.shards import Copy, Replicator, ShardStore
 from ..state.snapshot import state_nbytes
 from ..state.transfer import Received
+from .seams import EngineState, Sender
 
 log = logging.getLogger("ckptless_hpc.worker")
 
 
 class ShardCopies:
-    def __init__(self, cfg: Any, secret: str, client: Any, wake: threading.Event) -> None:
+    def __init__(self, cfg: Any, secret: str, client: Sender, wake: threading.Event) -> None:
         self.mode = str(cfg.parallel.mode)
         self.every = int(cfg.replication.every)
         self.copies = self.mode in REPLICATED_BY_COPIES and int(cfg.replication.factor) > 0
@@ -57,7 +58,7 @@ class ShardCopies:
         self._holds = {int(s) for s in holds}
         self.replicator.cancel()
 
-    def restore(self, engine: Any, target: int) -> bool:
+    def restore(self, engine: EngineState, target: int) -> bool:
         """Roll back to this worker's own snapshot of ``target`` if it has one."""
         assert self.shard is not None
         copy = self.store.get(self.shard, target, self.shard)
@@ -67,7 +68,7 @@ class ShardCopies:
         log.info("restored shard %d at step %d from its own snapshot", self.shard, target)
         return True
 
-    def start_generation(self, engine: Any, step: int) -> None:
+    def start_generation(self, engine: EngineState, step: int) -> None:
         """The step a generation starts at counts as replicated: its snapshot (taken now if this
         worker has none) goes to every holder that lacks it (a new placement, a fresh spare)."""
         copy = self.store.own.get(step)
@@ -75,7 +76,7 @@ class ShardCopies:
             copy = self._snapshot(step, engine)
         self._send(step, copy)
 
-    def _snapshot(self, step: int, engine: Any) -> Copy:
+    def _snapshot(self, step: int, engine: EngineState) -> Copy:
         copy = self.store.snapshot(step, *engine.collect(step))
         self.snapshots += 1
         self.snapshot_bytes += state_nbytes(copy[0])
@@ -105,7 +106,7 @@ class ShardCopies:
     def copy_confirmed(self) -> bool:
         return self.pending is None or self.replicator.is_confirmed(self.pending)
 
-    def committed(self, engine: Any, step: int) -> None:
+    def committed(self, engine: EngineState, step: int) -> None:
         """``step`` committed here, so every rank passed its wait for its copy of ``pending``:
         that step is durable, older copies go; then this step's snapshot when it is replicated."""
         if self.pending is not None:

@@ -27,6 +27,8 @@ from .injector import FaultInjector
 from .interrupt import Aborted, CollectiveError, Waiter
 from .peer_state import PeerState
 from .periodic import PeriodicCopies
+from .seams import EngineSteps, Sender
+from .shard_copies import ShardCopies
 from .standing import Standing
 
 log = logging.getLogger("ckptless_hpc.worker")
@@ -37,7 +39,7 @@ class Steps:
     batch size is not an int), for rank 0's metrics."""
 
     def __init__(
-        self, cfg: Any, engine: Any, client: Any, standing: Standing, waiter: Waiter, faults: FaultInjector, peers: PeerState, shards: Any,
+        self, cfg: Any, engine: EngineSteps, client: Sender, standing: Standing, waiter: Waiter, faults: FaultInjector, peers: PeerState, shards: Optional[ShardCopies],
         periodic: PeriodicCopies, groups: Groups, samples: Optional[int],
     ) -> None:
         self.train_cfg, self.collective_timeout_s = cfg.train, cfg.cluster.collective_timeout_s

@@ -13,6 +13,8 @@ from ..state import emergency, export
 from ..control.client import exit_now
 from ..control.messages import Exported, ExportFailed, LoadFailed, Saved, SaveFailed
 from .interrupt import Aborted
+from .seams import EngineState, Sender
+from .shard_copies import ShardCopies
 from .standing import Standing
 
 log = logging.getLogger("ckptless_hpc.worker")
@@ -23,7 +25,7 @@ class StorageCopy:
     copies (None in the replicated mode), its standing and ``held_step`` (peer_state.py);
     ``name`` is NODE.LOCAL, as its errors name the worker."""
 
-    def __init__(self, engine: Any, client: Any, shards: Any, standing: Standing, held_step: Callable[[], Optional[int]], name: str) -> None:
+    def __init__(self, engine: EngineState, client: Sender, shards: Optional[ShardCopies], standing: Standing, held_step: Callable[[], Optional[int]], name: str) -> None:
         self.engine, self.client, self.shards, self.standing = engine, client, shards, standing
         self.held_step, self.name = held_step, name
 
