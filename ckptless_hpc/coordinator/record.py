@@ -5,7 +5,6 @@ No decisions here: what the summary says is gathered by the shell and written on
 
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Dict, List, Optional
 
 from ..config import fault_list
