@@ -21,6 +21,7 @@ from hydra import compose, initialize_config_module
 
 from ckptless_hpc.config import register_configs, validate
 from ckptless_hpc.coordinator.shell import Coordinator
+from ckptless_hpc.launch.probes import PROBES
 from ckptless_hpc.launch.run import setup_logging
 from ckptless_hpc.metrics import DelayHistogram
 from ckptless_hpc.control.wire import load_secret
@@ -111,7 +112,7 @@ def config(nodes: int, wpn: int, spare_nodes: int, interval_s: float, timeout_s:
     ]
     with initialize_config_module(config_module="ckptless_hpc.conf", version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
-    validate(cfg)
+    validate(cfg, PROBES)
     return cfg
 
 

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 from hydra.experimental.callback import Callback
 
 from .config import ConfigError, register_configs, validate
+from .launch.probes import PROBES
 from .rundir.record import make_private
 
 register_configs()
@@ -23,7 +24,7 @@ EXIT_CONFIG = 2
 @hydra.main(version_base="1.3", config_path="pkg://ckptless_hpc.conf", config_name="config")
 def main(cfg: DictConfig) -> int:
     try:
-        validate(cfg)
+        validate(cfg, PROBES)  # the checks that need state/ (launch/probes.py)
     except ConfigError as e:
         print(f"ckptless_hpc: {e}", file=sys.stderr)
         sys.exit(EXIT_CONFIG)

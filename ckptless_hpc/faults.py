@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional
 
 from .config import fault_list
 
@@ -94,18 +94,17 @@ def spare_fault_due(faults: Iterable[Fault], done: Iterable[int], step: int) -> 
     return next((f for f in faults if f.kind == "kill_spare" and f.index not in fired and step >= f.step), None)
 
 
-def fire(fault: Fault) -> None:
-    """Act on this process (does not return for kills; a hang returns when SIGCONT arrives)."""
+def fire(fault: Fault, slurm: Any = None, cancel_step: Optional[Callable[[str, int], Any]] = None) -> None:
+    """Act on this process (does not return for kills; a hang returns when SIGCONT arrives).
+
+    ``slurm`` (a ``slurm.env.SlurmEnvironment``) and ``cancel_step`` (``slurm.commands.cancel_step``)
+    are passed in by the worker, so that this bottom-layer module imports no Slurm code: under
+    Slurm a kill_node ends every task of this node's step, not only this process group."""
     if fault.kind in ("kill_worker", "kill_spare"):
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault.kind == "kill_node":
-        from .slurm.env import SlurmEnvironment
-
-        env = SlurmEnvironment()
-        if env.step_id is not None and env.job_id:  # Slurm: every task of this node's step
-            from .slurm.commands import cancel_step
-
-            cancel_step(env.job_id, env.step_id)
+        if slurm is not None and cancel_step is not None and slurm.step_id is not None and slurm.job_id:  # Slurm: every task of this node's step
+            cancel_step(slurm.job_id, slurm.step_id)
             time.sleep(60)  # the step is being killed; never train on
         os.killpg(os.getpgrp(), signal.SIGKILL)
     elif fault.kind == "hang":

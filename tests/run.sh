@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The test command (README, CI): installs everything the suite needs on a fresh Debian 12
-# machine and runs all of it: unit tests, local end-to-end runs with real processes and
-# signals, and integration tests against a real Slurm mini-cluster (munge + slurmctld + 4
-# slurmd) that tests/slurm_cluster/up.sh installs and starts. As root the Slurm tests must
+# machine and runs all of it: ruff check on the package, unit tests, local end-to-end runs with
+# real processes and signals, and integration tests against a real Slurm mini-cluster (munge +
+# slurmctld + 4 slurmd) that tests/slurm_cluster/up.sh installs and starts. As root the Slurm tests must
 # run (CKPTLESS_REQUIRE_SLURM=1: a cluster that cannot start fails the run); without root
 # they skip with the reason. Extra arguments go to pytest.
 set -euo pipefail
@@ -11,6 +11,8 @@ PY=${PYTHON:-python3}
 # the CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build
 "$PY" -m pip install -q torch==2.13.0
 "$PY" -m pip install -q -e '.[test,examples]'
+# real defects first (pyproject.toml [tool.ruff.lint]): seconds, before any cluster starts
+"$PY" -m ruff check ckptless_hpc
 export CKPTLESS_REQUIRE_EXAMPLES=${CKPTLESS_REQUIRE_EXAMPLES:-1}
 if [ "$(id -u)" = 0 ]; then
   export CKPTLESS_REQUIRE_SLURM=${CKPTLESS_REQUIRE_SLURM:-1}

@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..rundir.paths import RunPaths
+from ..rundir.summary import read as read_summary
 
 #: The soak's own record in its ``out`` folder (beside one run directory per schedule).
 CHAOS_FILE = "chaos.json"
@@ -131,9 +131,8 @@ def _run(run_dir: str, overrides: List[str], timeout_s: float) -> Tuple[int, Opt
     except subprocess.TimeoutExpired:
         rc = -1
     try:
-        with open(RunPaths(run_dir).summary, encoding="utf-8") as f:
-            return rc, json.load(f)
-    except (OSError, ValueError):
+        return rc, read_summary(run_dir)  # None: the job wrote none
+    except (OSError, ValueError):  # unreadable or not JSON (RunDirError): no verdict but FAIL
         return rc, None
 
 

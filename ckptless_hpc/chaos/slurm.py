@@ -165,7 +165,7 @@ def run_schedule(run_dir: Path, job_id: str, faults: Sequence[Fault], deadline: 
 
         def due() -> Optional[List[Dict[str, Any]]]:
             evs = watch.events(run_dir)
-            return evs if _step(evs) >= f["step"] or not watch.in_queue(job_id) else None
+            return evs if _step(evs) >= f["step"] or not watch.in_queue(job_id) else None  # noqa: B023 - called by wait_for in this iteration only
 
         try:
             evs = watch.wait_for(f"step {f['step']}", due, max(1.0, deadline - time.monotonic()), poll_s=0.2)
@@ -189,7 +189,7 @@ def run_schedule(run_dir: Path, job_id: str, faults: Sequence[Fault], deadline: 
             continue
         within = min(EFFECT_WITHIN_S.get(f["kind"], EFFECT_DEFAULT_S), max(1.0, deadline - time.monotonic()))
         try:
-            rec["evidence"] = watch.wait_for(f"the effect of {f['kind']}", lambda: fired(f, injected, watch.events(run_dir)), within, poll_s=0.2)
+            rec["evidence"] = watch.wait_for(f"the effect of {f['kind']}", lambda: fired(f, injected, watch.events(run_dir)), within, poll_s=0.2)  # noqa: B023 - polled in this iteration only
         except watch.WaitTimeout:
             pass
         ev = rec["evidence"]

@@ -388,10 +388,17 @@ class Assign(_Message):
 
 def assign(gen: int, rank: Optional[int], world: int, step: int, sources: Iterable[str], endpoints: Mapping[str, Endpoint],
            faults_done: List[int], load: Optional[Dict[str, Any]] = None, layout: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """An encoded :class:`Assign` from the coordinator's view: every message a coordinator sends
-    is bounded in size whatever the world size (``sources``: at most ``planner.MAX_SOURCES``)."""
+    """``Assign(...).encode()`` from the coordinator's view, built as a dict in place: a hot path
+    (one per rank of a recovery; a frozen dataclass's construction alone costs 2-4x this). Every
+    message a coordinator sends is bounded in size whatever the world size (``sources``: at most
+    ``planner.MAX_SOURCES``). ``layout``: Assign's ``shard``, ``holders``, ``holds``."""
     src = [{"worker": s, "host": endpoints[s][0], "port": endpoints[s][1]} for s in sources]
-    return Assign(gen, rank, world, step, src, faults_done, **(layout or {}), load=load or None).encode()
+    msg = {"type": "assign", "gen": gen, "rank": rank, "world": world, "step": step, "sources": src, "faults_done": faults_done, **(layout or {})}
+    if rank is None:
+        del msg["rank"]
+    if load:
+        msg["load"] = load
+    return msg
 
 
 @dataclass(frozen=True)

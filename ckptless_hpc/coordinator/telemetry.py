@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, Optional
 
-from ..metrics import StepLog, TensorBoardSink
+from ..metrics import StepLog
+from ..rundir.tensorboard import TensorBoardSink
 from ..progress import ConsoleEcho, Progress
 from .step_feed import Resumed, StepFeed
 

@@ -8,18 +8,20 @@ import shlex
 import sys
 from typing import Any, List
 
+from ..config import Shape
+from ..rundir import paths
+
 EXIT_TASK = 2  # as any other invalid configuration
 
 
 def placement(cfg: Any) -> List[str]:
-    c = cfg.cluster
+    c, shape = cfg.cluster, Shape.of(cfg)
     name = (lambda i: f"local{i}") if c.backend == "local" else (lambda i: f"<node {i + 1}>")
-    lines = [f"placement: {c.nodes} worker node(s) x {c.workers_per_node} rank(s) = world size {c.nodes * c.workers_per_node}; {c.spare_nodes} hot-spare node(s)"]
-    for n in range(c.nodes):
-        ranks = list(range(n * c.workers_per_node, (n + 1) * c.workers_per_node))
-        lines.append(f"  {name(n):<10} ranks {ranks}")
-    for s in range(c.spare_nodes):
-        lines.append(f"  {name(c.nodes + s):<10} spare ({c.workers_per_node} hot-spare worker(s): model built, waiting for a rank)")
+    lines = [f"placement: {shape.nodes} worker node(s) x {shape.workers_per_node} rank(s) = world size {shape.world}; {shape.spare_nodes} hot-spare node(s)"]
+    for n in range(shape.nodes):
+        lines.append(f"  {name(n):<10} ranks {shape.ranks_of(n)}")
+    for s in range(shape.spare_nodes):
+        lines.append(f"  {name(shape.nodes + s):<10} spare ({shape.workers_per_node} hot-spare worker(s): model built, waiting for a rank)")
     from ..coordinator.sharding import Layout
 
     layout = Layout(cfg)
@@ -27,7 +29,7 @@ def placement(cfg: Any) -> List[str]:
         lines.append("replicas: data parallel, every rank holds the full model and optimizer state; any healthy rank is a state source")
     else:
         lines.append(f"state: {layout.describe()}")
-        holders = layout.place({r: name(r // c.workers_per_node) for r in range(c.nodes * c.workers_per_node)})
+        holders = layout.place({r: name(shape.node_of(r)) for r in range(shape.world)})
         for owner, hs in sorted(holders.items()):
             if hs:
                 lines.append(f"  rank {owner}'s shard copied to rank(s) {hs}")
@@ -41,7 +43,7 @@ def slurm_lines(cfg: Any, run_dir: str) -> List[str]:
     from .slurm import node_step_argv, shape_from_config
 
     shape = shape_from_config(cfg, run_dir)
-    srun = node_step_argv(cfg, "NODE", cfg.cluster.workers_per_node, "BATCHHOST:PORT", None, f"{run_dir}/logs/NODE.%t.log")
+    srun = node_step_argv(cfg, "NODE", cfg.cluster.workers_per_node, "BATCHHOST:PORT", None, f"{run_dir}/{paths.LOGS}/NODE.%t.log")
     return [
         "sbatch (the coordinator's job, submitted through submitit):",
         *("  " + line for line in render.sbatch_header(shape)),

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..coordinator.continuity import Identity, proc_identity
 from ..control.wire import SECRET_ENV
 from ..worker import zygote
+from ..rundir import paths
 from . import worker_argv
 from .base import ExitCallback
 
@@ -58,7 +59,7 @@ class Zygote:
     coordinator's start-up), a request per worker, the replies read on the event loop."""
 
     def __init__(self, env: Dict[str, str], log_dir: str, target: Optional[str] = None) -> None:
-        self.log = os.path.join(log_dir, "zygote.log")
+        self.log = os.path.join(log_dir, paths.ZYGOTE_LOG)
         argv = worker_argv.zygote_command(zygote.TITLE_ROOM, target)  # target: the tests' fake worker
         with open(self.log, "ab") as err:
             self.proc = subprocess.Popen(
@@ -195,7 +196,7 @@ class LocalLauncher:
     def from_config(cls, cfg: Any, run_dir: str, secret: str) -> "LocalLauncher":
         c = cfg.cluster
         relay = float(c.heartbeat_interval_s) if c.control == "node" else None
-        return cls(c.nodes, c.spare_nodes, c.max_refills, c.bind_host, cfg.train.threads, os.path.join(run_dir, "logs"), secret, relay)
+        return cls(c.nodes, c.spare_nodes, c.max_refills, c.bind_host, cfg.train.threads, paths.RunPaths(run_dir).logs, secret, relay)
 
     def register(self, worker: str, hello: Dict[str, Any]) -> None:
         """Nothing to note: the launcher started the process itself."""

@@ -12,6 +12,7 @@ from typing import Any, Dict, Optional
 
 from ..coordinator.shell import Coordinator
 from ..control.wire import new_secret
+from ..rundir.paths import RunPaths
 from ..rundir.record import RecordFileHandler
 
 log = logging.getLogger("ckptless_hpc")
@@ -41,7 +42,7 @@ def setup_logging(run_dir: str, job_id: str) -> JobContext:
     for h in list(root.handlers):
         root.removeHandler(h)
     console = logging.StreamHandler(sys.stdout)
-    logfile = RecordFileHandler(os.path.join(run_dir, "coordinator.log"))  # a full disk: said once, the console goes on
+    logfile = RecordFileHandler(RunPaths(run_dir).coordinator_log)  # a full disk: said once, the console goes on
     for h in (console, logfile):
         h.setFormatter(fmt)
         h.addFilter(context)

@@ -25,6 +25,7 @@ from ..coordinator.continuity import proc_identity
 from ..control.wire import SECRET_ENV, new_secret
 from ..slurm import commands, render
 from ..slurm.env import SlurmEnvironment
+from ..rundir import paths
 from . import worker_argv
 from .background import CommandQueue
 from .base import ExitCallback
@@ -88,15 +89,15 @@ def submit(cfg: Any, run_dir: str) -> Dict[str, Any]:
 
     os.makedirs(run_dir, exist_ok=True)
     shape = shape_from_config(cfg, run_dir)
-    executor = submitit.SlurmExecutor(folder=os.path.join(run_dir, "submitit"), python="exec " + sys.executable)
+    executor = submitit.SlurmExecutor(folder=paths.RunPaths(run_dir).submitit, python="exec " + sys.executable)
     executor.update_parameters(use_srun=False, nodes=1, ntasks_per_node=1, setup=list(shape.setup), additional_parameters=render.sbatch_parameters(shape))
     job = executor.submit(SlurmJob(OmegaConf.to_container(cfg, resolve=True), run_dir))
     info = {"job_id": job.job_id, "run_dir": run_dir}
-    with open(os.path.join(run_dir, "job.json"), "w", encoding="utf-8") as f:
+    with open(paths.RunPaths(run_dir).job, "w", encoding="utf-8") as f:
         json.dump(info, f)
     print(f"submitted Slurm job {job.job_id} ({shape.nodes} worker node(s) + {shape.spare_nodes} spare(s))")
     print(f"run dir:  {run_dir}")
-    print(f"follow:   tail -f {os.path.join(run_dir, 'coordinator.log')}   |   squeue -j {job.job_id}")
+    print(f"follow:   tail -f {paths.RunPaths(run_dir).coordinator_log}   |   squeue -j {job.job_id}")
     return info
 
 
@@ -118,7 +119,7 @@ class SlurmJob:
     def __call__(self) -> Dict[str, Any]:
         code = self.run_here()
         if code not in (0, 5):
-            raise RuntimeError(f"ckptless_hpc job ended with exit code {code}; see {self.run_dir}/summary.json")
+            raise RuntimeError(f"ckptless_hpc job ended with exit code {code}; see {self.run_dir}/{paths.SUMMARY}")
         return {"exit_code": code, "run_dir": self.run_dir}
 
     def checkpoint(self) -> Any:
@@ -153,7 +154,7 @@ class SlurmJob:
             if allocated != cfg.cluster.nodes + cfg.cluster.spare_nodes:
                 log.info("allocation of %d node(s): %d worker node(s), %d spare(s)", allocated, cfg.cluster.nodes, max(allocated - cfg.cluster.nodes, 0))
                 cfg.cluster.spare_nodes = max(allocated - cfg.cluster.nodes, 0)
-        restart = _read_json(os.path.join(self.run_dir, "restart.json")) if env.restart_count > 0 else {}
+        restart = _read_json(paths.RunPaths(self.run_dir).restart) if env.restart_count > 0 else {}
         secret = new_secret()
         launcher = SlurmLauncher(cfg, self.run_dir, job_id, env, secret)
         coord = context.coordinator = Coordinator.from_config(cfg, self.run_dir, launcher, secret, job_id)
@@ -224,7 +225,7 @@ class SlurmLauncher:
         self.job_id = job_id
         self.env = env
         self.secret = secret
-        self.log_dir = os.path.join(run_dir, "logs")
+        self.log_dir = paths.RunPaths(run_dir).logs
         os.makedirs(self.log_dir, exist_ok=True)
         self._procs: Dict[str, Any] = {}  # node -> srun process
         self._steps: Dict[str, int] = {}  # node -> step id (reported by its workers)

@@ -2,15 +2,14 @@
 
 A run directory (``hydra.run.dir``) holds ``events.jsonl`` from the moment the coordinator
 starts, ``summary.json`` once it ends, ``coordinator.log``, ``logs/<worker>.log`` and Hydra's
-``.hydra/`` (the composed config and the overrides). :func:`load_run` does the file I/O; every
-other function here takes the loaded events/summary (and the time, where it matters) and
-returns plain values, so the report and the ``status``/``logs`` tools are tested without
-processes.
+``.hydra/`` (the composed config and the overrides); paths.py names them, events.py and
+summary.py read their files. :func:`load_run` does the file I/O; every other function here
+takes the loaded events/summary (and the time, where it matters) and returns plain values, so
+the report and the ``status``/``logs`` tools are tested without processes.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -19,6 +18,7 @@ from .events import Event, RunDirError, read_events, split_attempts
 from .events import parse_events as parse_events  # re-exported: events.py owns it
 from .numbering import initial_ranks, node_order
 from .paths import RunPaths
+from .summary import read as read_summary
 
 
 #: How far before a detection a fault injection may lie and still be "the" failure
@@ -81,9 +81,7 @@ def load_run(path: str) -> Run:
         raise RunDirError(f"run directory {path!r} does not exist. HINT: pass the job's hydra.run.dir (default outputs/DATE/TIME)")
     if not os.path.isdir(path):
         raise RunDirError(f"{path!r} is a file, not a run directory. HINT: pass the directory that holds events.jsonl")
-    paths = RunPaths(path)
-    sm_path = paths.summary
-    if not paths.is_run_dir():
+    if not RunPaths(path).is_run_dir():
         children = run_dirs_below(path)
         hint = (
             f"it holds {len(children)} run directories (a sweep?): pass them, e.g. {children[0]!r}"
@@ -91,15 +89,8 @@ def load_run(path: str) -> Run:
             else "a run directory holds events.jsonl from the moment the job starts; pass the job's hydra.run.dir"
         )
         raise RunDirError(f"{path!r} is not a run directory (no events.jsonl, summary.json or job.json). HINT: {hint}")
-    events = read_events(path)
-    summary = None
-    if os.path.exists(sm_path):
-        try:
-            summary = json.loads(_read_text(sm_path))
-        except json.JSONDecodeError as e:
-            raise RunDirError(f"{sm_path!r} is not valid JSON ({e}). HINT: was it written by ckptless_hpc? it is written once, at the end of a job") from None
-    run = Run(path, events, summary, _load_config(path), _load_overrides(path))
-    if summary is not None and summary.get("status") == "requeued" and not any(e.get("event") == "job_finished" for e in run.current):
+    run = Run(path, read_events(path), read_summary(path), _load_config(path), _load_overrides(path))
+    if run.summary is not None and run.summary.get("status") == "requeued" and not any(e.get("event") == "job_finished" for e in run.current):
         run.summary = None  # written by an attempt before the requeue; the latest one is still going
     return run
 
@@ -122,11 +113,6 @@ def expand_paths(paths: Sequence[str]) -> List[str]:
         below = [] if is_run else run_dirs_below(p)
         out.extend(below or [p])
     return out
-
-
-def _read_text(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return f.read()
 
 
 def _load_config(path: str) -> Optional[Dict[str, Any]]:

@@ -31,8 +31,7 @@ DETERMINISM_ENV: Dict[str, Tuple[str, str]] = {
     "CUBLAS_WORKSPACE_CONFIG": (":4096:8", "deterministic cuBLAS (torch.use_deterministic_algorithms needs it)"),
 }
 
-DEVICES = ("auto", "cpu", "cuda")
-COMMS = ("auto", "gloo", "nccl")
+from ..config import COMMS, DEVICES  # noqa: E402,F401  # the schema owns the choices (config.py imports no train code)
 
 
 def nccl_environment(current: Mapping[str, str], deterministic: bool = True) -> Tuple[Dict[str, str], List[str]]:

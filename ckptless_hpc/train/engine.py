@@ -176,6 +176,44 @@ class Engine:
         self.comm = None
         return self.fsdp.release(comm)
 
+    def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
+        """The groups of ``comm``'s generation this mode needs besides it (hsdp: the shard and
+        replicate groups, train/fsdp.py, as ``comm.hsdp``), on the generation's store."""
+        if self.mode != "hsdp":
+            return
+        from .fsdp import form_hsdp_groups
+
+        shard_size = int(self.cfg.parallel.shard_size)
+        comm.hsdp = form_hsdp_groups(store, comm.gen, comm.rank, comm.world, shard_size, host, timeout_s, self.device, comm.backend)
+
+    def let_go(self, comm: Any) -> bool:
+        """After a failed or abandoned step: FSDP's groups are destroyed at once, in a thread (a
+        peer blocked with us in a group that did not fail here is released only then): True.
+        False: the caller keeps ``comm`` referenced and retires it once idle (destroying a stuck
+        gloo group could block)."""
+        if self.fsdp is None:
+            return False
+        from .fsdp import release_in_background
+
+        release_in_background(self.release(comm))
+        return True
+
+    def warm_up(self) -> Optional[Dict[str, float]]:
+        """A hot spare's throwaway FSDP2 shard and step, so that its first real ``fully_shard``
+        is fast (docs/sharding.md): the timings, or None in a mode that needs none."""
+        return self.fsdp.warm_up() if self.fsdp is not None else None
+
+    def layout(self) -> Dict[str, int]:
+        """For the worker's ``built`` message: the gradient buckets (none under FSDP2, which
+        reduces its own) and the buffers synchronised from rank 0."""
+        return {"buckets": len(self.grads.buckets) if self.grads is not None else 0, "buffers": sum(len(b) for _, b in self.buffers.groups)}
+
+    @property
+    def task_batches(self) -> bool:
+        """Whether the batches come from the task's ``batch()`` (whose determinism the worker
+        checks), not from a ``dataset()`` the framework indexes itself."""
+        return self.feed.batches.dataset is None
+
     # ------------------------------------------------------------------ one step
     def seed(self, step: int, rank: int, micro: int) -> None:
         forward_seed(self.cfg.train.seed, step, rank, micro)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 
 class Aborted(Exception):
@@ -18,28 +18,47 @@ class CollectiveError(Exception):
     """A collective failed or timed out (a peer died or hung)."""
 
 
-class Interruptible:
-    """Mixed into the worker: its ``abort_gen``, ``_stopping``, ``_orphaned`` and ``_wake``."""
+class Waiter:
+    """What cuts a wait short, and the event that wakes it: set from the control reader thread
+    (``abort``, ``stop``, the coordinator lost), read by the main thread between wake-ups."""
 
-    abort_gen: int
-    _stopping: bool
-    _orphaned: Any
-    _wake: threading.Event
+    def __init__(self) -> None:
+        self.abort_gen = -1
+        self.stopping = False
+        self.orphaned: Optional[str] = None  # the coordinator is gone (Slurm: save and requeue)
+        self.wake = threading.Event()
 
-    def _wait_until(self, done: Callable[[], bool], gen: int, timeout_s: float) -> str:
+    def abort(self, gen: int) -> None:
+        self.abort_gen = max(self.abort_gen, gen)
+        self.wake.set()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wake.set()
+
+    def orphan(self, why: str) -> None:
+        self.orphaned = why
+        self.wake.set()
+
+    def cut(self, gen: int) -> bool:
+        """Whether work of generation ``gen`` is to be abandoned (a newer abort, a stop, no coordinator)."""
+        return self.abort_gen > gen or self.stopping or bool(self.orphaned)
+
+    def wait_until(self, done: Callable[[], bool], gen: int, timeout_s: float) -> str:
         deadline = time.monotonic() + timeout_s
         while True:
             if done():
                 return "done"
-            if self.abort_gen > gen or self._stopping or self._orphaned:
+            if self.cut(gen):
                 return "abort"
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return "timeout"
-            self._wake.wait(remaining)
-            self._wake.clear()
+            self.wake.wait(remaining)
+            self.wake.clear()
 
-    def _interruptible(self, fn: Callable[[], Any], gen: int, timeout_s: float, what: str) -> Any:
+    def run(self, fn: Callable[[], Any], gen: int, timeout_s: float, what: str) -> Any:
+        """``fn()`` in a thread of its own, waited on as :meth:`wait_until` waits."""
         box: Dict[str, Any] = {}
 
         def run() -> None:
@@ -49,10 +68,10 @@ class Interruptible:
                 box["error"] = e
             finally:
                 box["done"] = True
-                self._wake.set()
+                self.wake.set()
 
         threading.Thread(target=run, name=what, daemon=True).start()
-        outcome = self._wait_until(lambda: "done" in box, gen, timeout_s)
+        outcome = self.wait_until(lambda: "done" in box, gen, timeout_s)
         if outcome == "abort":
             raise Aborted(what)
         if outcome == "timeout":

@@ -12,13 +12,14 @@ copy there is, or from step 0. Past ``cluster.max_requeues`` the job is cancelle
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Set
 
-from ..rundir.record import RecordError, write_json
+from ..rundir import restart as restart_file
+from ..rundir.paths import RESTART, RunPaths
+from ..rundir.record import RecordError
 
 log = logging.getLogger("ckptless_hpc.worker")
 
@@ -31,6 +32,7 @@ def coordinator_alive(address: str, secret: str, worker: str, timeout_s: float =
     does not count). The probe then says why it came and leaves; the coordinator logs it as a
     rejected connection naming this worker. A refused, timed-out or failed handshake: gone."""
     from ..control import wire
+    from ..control.messages import Probe
 
     host, _, port = address.rpartition(":")
     try:
@@ -38,7 +40,7 @@ def coordinator_alive(address: str, secret: str, worker: str, timeout_s: float =
     except (OSError, ValueError, wire.ProtocolError):
         return False
     try:
-        wire.send_msg(sock, {"type": "probe", "worker": worker, "why": "dropped: checking whether the coordinator is alive before any last resort"})
+        wire.send_msg(sock, Probe(worker, "dropped: checking whether the coordinator is alive before any last resort").encode())
     except OSError:
         pass
     finally:
@@ -52,9 +54,9 @@ def run(
 ) -> None:
     from ..slurm.env import SlurmEnvironment
 
-    env = SlurmEnvironment()
-    state_dir = os.path.join(run_dir, "state")
-    lock = os.path.join(state_dir, f"last-resort-{env.restart_count}.lock")
+    env, paths = SlurmEnvironment(), RunPaths(run_dir)
+    state_dir = paths.state
+    lock = paths.last_resort_lock(env.restart_count)
     spare = rank is None or step is None
     if spare:
         deadline = time.monotonic() + spare_wait_s
@@ -74,24 +76,18 @@ def run(
             "HINT: the run dir must be writable from every node (hydra.run.dir on a shared, writable filesystem)", lock, e.strerror, state_dir,
         )
         return
-    restart_path = os.path.join(run_dir, "restart.json")
-    try:
-        with open(restart_path, encoding="utf-8") as f:
-            restart = json.load(f)
-    except (OSError, ValueError):
-        restart = {}
+    restart = restart_file.read_or_empty(run_dir)
     if spare:
         saved = restart.get("saved")
         log.error("no rank survived the coordinator: requeueing; the job restarts from %s", f"the copy of step {saved['step']}" if saved else "step 0 (no copy was ever written)")
+        restart = restart_file.after_last_resort(restart)
     else:
-        saved = _save_or_keep(save, os.path.join(state_dir, "emergency.pt"), restart.get("saved"))
-        restart["saved"] = saved
-        restart["faults_done"] = sorted(set(restart.get("faults_done", [])) | faults_done)
-    restart["excluded_nodes"] = sorted(set(restart.get("excluded_nodes", [])) | set(filter(None, [restart.get("batch_node")])))
+        saved = _save_or_keep(save, paths.emergency, restart.get("saved"))
+        restart = restart_file.after_last_resort(restart, saved, faults_done)
     try:
-        write_json(restart_path, restart)
+        restart_file.write(run_dir, restart)
     except RecordError as e:
-        log.error("%s; the restarted job resumes from what restart.json said before", e)
+        log.error("%s; the restarted job resumes from what %s said before", e, RESTART)
     requeue_or_cancel(env, saved, max_requeues, run_dir, sorted(set(restart["excluded_nodes"]) | set(site_exclude)))
 
 

@@ -13,6 +13,8 @@ import os
 import threading
 from typing import Any, Callable, Dict, Optional, Set
 
+from ..control.messages import Encodable, PeriodicFailed, PeriodicSaved
+from ..rundir.paths import RunPaths, state_file
 from ..state import emergency, export
 
 log = logging.getLogger("ckptless_hpc.worker")
@@ -25,12 +27,8 @@ def writes(mode: str, rank: int, shard_size: Optional[int]) -> bool:
     return rank < (int(shard_size or 1) if mode == "hsdp" else 1)
 
 
-def folder(run_dir: str, step: int) -> str:
-    return os.path.join(run_dir, "saved", f"step{step}")
-
-
 class PeriodicCopies:
-    def __init__(self, cfg: Any, run_dir: Optional[str], send: Callable[[Dict[str, Any]], None]) -> None:
+    def __init__(self, cfg: Any, run_dir: Optional[str], send: Callable[[Encodable], None]) -> None:
         self.every, self.last = int(cfg.train.save_every), int(cfg.train.steps)
         self.mode, self.shard_size = str(cfg.parallel.mode), cfg.parallel.shard_size
         self.run_dir, self.send = run_dir, send
@@ -55,8 +53,7 @@ class PeriodicCopies:
             return
         entries, meta = collect(step)
         entries = [(n, t.detach().clone()) for n, t in entries]  # training goes on over the live tensors
-        name = "state.pt" if self.mode == "ddp" else f"shard{shard}.pt"
-        path = os.path.join(folder(self.run_dir, step), name)
+        path = os.path.join(RunPaths(self.run_dir).saved_step(step), state_file(None if self.mode == "ddp" else shard))
         self._writing = threading.Thread(target=self._write, args=(path, entries, meta, step, shard), name=f"copy-step{step}", daemon=True)
         self._writing.start()
 
@@ -65,6 +62,6 @@ class PeriodicCopies:
             rec = emergency.write(path, entries, meta, describe=f"periodic copy, shard {shard}: ")
         except emergency.EmergencyCopyError as e:
             log.error("%s", e)
-            self.send({"type": "periodic_failed", "path": path, "step": step, "error": str(e)})
+            self.send(PeriodicFailed(path, str(e), step))
             return
-        self.send({"type": "periodic_saved", "path": path, "step": step, "shard": shard, "state_sha256": rec["sha256"], "sha256": export.file_sha256(path), "bytes": rec["bytes"]})
+        self.send(PeriodicSaved(path, step, shard, rec["sha256"], export.file_sha256(path), rec["bytes"]))

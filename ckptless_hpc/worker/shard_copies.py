@@ -46,13 +46,15 @@ class ShardCopies:
             log.warning("replication: %s (retrying until the copy is acknowledged or the generation changes)", what)
 
     # ------------------------------------------------------------------ generations
-    def assign(self, gen: int, msg: Dict[str, Any]) -> None:
+    def assign(self, gen: int, shard: int, holders: List[Dict[str, Any]], holds: List[int]) -> None:
+        """Generation ``gen``'s layout (an ``assign``): the shard this rank owns, the holders of its
+        copies (``{"worker", "host", "port"}``), the shards it holds copies of."""
         self.gen = gen
-        self.shard = int(msg["shard"])
-        self.holders = [(h["host"], int(h["port"]), h["worker"]) for h in msg.get("holders", []) if h.get("port") is not None]
-        if len(self.holders) != len(msg.get("holders", [])):
-            log.warning("a holder of shard %d has no state port yet: %d of %d copies this generation", self.shard, len(self.holders), len(msg["holders"]))
-        self._holds = {int(s) for s in msg.get("holds", [])}
+        self.shard = int(shard)
+        self.holders = [(h["host"], int(h["port"]), h["worker"]) for h in holders if h.get("port") is not None]
+        if len(self.holders) != len(holders):
+            log.warning("a holder of shard %d has no state port yet: %d of %d copies this generation", self.shard, len(self.holders), len(holders))
+        self._holds = {int(s) for s in holds}
         self.replicator.cancel()
 
     def restore(self, engine: Any, target: int) -> bool:
@@ -83,6 +85,10 @@ class ShardCopies:
         """A step's last collective waited ``seconds`` for the acks of this rank's last copy."""
         self.waited_s += seconds
         self.waits += 1
+
+    def nbytes(self) -> int:
+        """Host memory its snapshots and the copies it holds for peers take."""
+        return self.store.nbytes()
 
     def costs(self) -> Dict[str, float]:
         """For the ``done`` message: the waits, the snapshots and the bytes sent to holders."""

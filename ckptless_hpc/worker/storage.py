@@ -7,19 +7,27 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from ..state import emergency, export
 from ..control.client import exit_now
+from ..control.messages import Exported, ExportFailed, LoadFailed, Saved, SaveFailed
 from .interrupt import Aborted
+from .standing import Standing
 
 log = logging.getLogger("ckptless_hpc.worker")
 
 
 class StorageCopy:
-    """Mixed into the worker (its engine, client, step and shard copies)."""
+    """What it reads of the worker is passed in: the engine, the control client, the shard
+    copies (None in the replicated mode), its standing and ``held_step`` (peer_state.py);
+    ``name`` is NODE.LOCAL, as its errors name the worker."""
 
-    def _load(self, saved: Dict[str, Any]) -> None:
+    def __init__(self, engine: Any, client: Any, shards: Any, standing: Standing, held_step: Callable[[], Optional[int]], name: str) -> None:
+        self.engine, self.client, self.shards, self.standing = engine, client, shards, standing
+        self.held_step, self.name = held_step, name
+
+    def load(self, saved: Dict[str, Any]) -> None:
         """Start from the emergency copy of a requeued job (the one time state comes from storage);
         a missing or damaged copy is refused and ends the job (never loaded, never trained on)."""
         t0 = time.monotonic()
@@ -27,19 +35,19 @@ class StorageCopy:
             entries, meta = emergency.read(saved["path"], saved.get("sha256"))
         except emergency.EmergencyCopyError as e:
             log.error("cannot resume: %s", e)
-            self.client.send({"type": "load_failed", "path": saved["path"], "error": str(e)})
+            self.client.send(LoadFailed(saved["path"], str(e)))
             raise Aborted("load") from None
         self.engine.apply(entries, meta)
-        self.step = int(meta["step"])
-        log.info("loaded the emergency copy of step %d from %s in %.2fs", self.step, saved["path"], time.monotonic() - t0)
+        self.standing.step = int(meta["step"])  # the log lines' step follows at the generation's first commit
+        log.info("loaded the emergency copy of step %d from %s in %.2fs", self.standing.step, saved["path"], time.monotonic() - t0)
 
-    def _save(self, path: str) -> Dict[str, Any]:
+    def save(self, path: str) -> Dict[str, Any]:
         """Write the committed state once (state/emergency.py: never over a newer copy, never a
         damaged one); raises emergency.EmergencyCopyError when it cannot be written."""
-        entries, meta = self.engine.collect(self.step)
+        entries, meta = self.engine.collect(self.standing.step)
         return emergency.write(path, entries, meta)
 
-    def _save_shard(self, path: str, shard: int, step: int) -> None:
+    def save_shard(self, path: str, shard: int, step: int) -> None:
         """One shard of a sharded copy (an emergency copy, the final state; the replicated
         state is its shard 0): from a snapshot, a held copy, or the live state."""
         copy = self.shards.get(shard, step) if self.shards is not None else None
@@ -47,37 +55,37 @@ class StorageCopy:
         if copy is None and shard == own and step == self.held_step():
             copy = self.engine.collect(step)
         if copy is None:
-            held = self.shards.describe(self.step) if self.shards is not None else f"it holds step {self.held_step()}"
+            held = self.shards.describe(self.standing.step) if self.shards is not None else f"it holds step {self.held_step()}"
             log.error("asked to save shard %d at step %d, which this worker does not hold (%s)", shard, step, held)
-            self.client.send({"type": "save_failed", "path": path, "step": step, "error": f"{self.node}.{self.local_index} does not hold shard {shard} at step {step}"})
+            self.client.send(SaveFailed(path, f"{self.name} does not hold shard {shard} at step {step}", step))
             return
         entries, meta = copy
         try:
             rec = emergency.write(path, entries, meta, describe=f"shard {shard}: ")
         except emergency.EmergencyCopyError as e:
             log.error("%s", e)
-            self.client.send({"type": "save_failed", "path": path, "step": step, "error": str(e)})
+            self.client.send(SaveFailed(path, str(e), step))
             return
-        self.client.send({"type": "saved", "path": path, "step": rec["step"], "sha256": rec["sha256"], "bytes": rec["bytes"], "written": rec["written"], "shard": shard})
+        self.client.send(Saved(path, rec["step"], rec["sha256"], shard=shard, bytes=rec["bytes"], written=rec["written"]))
 
-    def _export(self, files: List[str], out: str, step: int) -> None:
+    def export(self, files: List[str], out: str, step: int) -> None:
         """The final state's index and full model (state/export.py), from its written files."""
         try:
             rec = export.write_final(os.path.dirname(files[0]), files, out, self.engine.model_key_map(), step, self.engine.mode)
         except export.ExportError as e:
             log.error("%s", e)
-            self.client.send({"type": "export_failed", "path": out, "error": str(e)})
+            self.client.send(ExportFailed(out, str(e)))
             return
         log.info("the trained model (step %d) is in %s (%.1f MB, sha256 %s)", step, out, rec["model"]["bytes"] / 1e6, rec["model"]["sha256"][:12])
-        self.client.send({"type": "exported", "step": step, **rec})
+        self.client.send(Exported(step, **rec))
 
-    def _on_stop(self, msg: Dict[str, Any]) -> None:
-        path = msg.get("save")
+    def stop(self, path: Optional[str]) -> None:
+        """The coordinator's ``stop``: write the copy it asks for, if this process holds the job's state; then exit."""
         if path and self.held_step() is not None:
             try:
-                self.client.send({"type": "saved", **self._save(path)})
+                self.client.send(Saved(**self.save(path)))
             except emergency.EmergencyCopyError as e:
                 log.error("%s", e)
-                self.client.send({"type": "save_failed", "path": path, "step": self.step, "error": str(e)})
+                self.client.send(SaveFailed(path, str(e), self.standing.step))
         time.sleep(0.05)
         exit_now(0)

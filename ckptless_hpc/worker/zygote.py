@@ -13,7 +13,7 @@ Wire (newline-delimited JSON on pipes):
 - zygote -> launcher (its stdout): ``{"id", "pid"}`` once forked; ``{"exit": pid, "rc"}`` once
   reaped, rc as asyncio reports it (the exit code, or -signum when a signal killed it);
 - EOF on its stdin (the coordinator is gone or done): the zygote exits. It kills no worker:
-  a worker that loses its coordinator exits by itself (``Worker._on_lost``).
+  a worker that loses its coordinator exits by itself (``Agent._on_lost``, worker/agent.py).
 
 Fork-safety: before a fork the zygote runs no torch op (no OpenMP/intra-op pool exists yet),
 initializes no CUDA and starts no thread; it waits in ``select`` on its requests and on a

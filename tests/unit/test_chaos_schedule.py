@@ -45,3 +45,24 @@ def test_the_local_verdict_counts_the_faults_the_run_fired_not_the_plan():
     assert run_verdict(3, 0, {**good, "final_state_sha256": "abd"}, "abc") == ("FAIL", False, 3)  # the oracle broke
     assert run_verdict(3, 1, good, "abc") == ("FAIL", False, 3)  # the job failed
     assert run_verdict(3, -1, None, "abc") == ("FAIL", False, 0)  # no summary (a timeout): nothing is known to have fired
+
+
+def test_a_run_reads_its_summary_or_none(tmp_path, monkeypatch):
+    """_run's verdict input: the run's summary.json (rundir/summary.py), None when it wrote none or a broken one."""
+    import subprocess
+    import types
+
+    from ckptless_hpc.chaos import local
+
+    monkeypatch.setattr(local.subprocess, "run", lambda cmd, **kw: types.SimpleNamespace(returncode=3))
+    assert local._run(str(tmp_path), [], 5) == (3, None)
+    (tmp_path / "summary.json").write_text('{"status": "completed"}')
+    assert local._run(str(tmp_path), [], 5) == (3, {"status": "completed"})
+    (tmp_path / "summary.json").write_text('{"status": ')
+    assert local._run(str(tmp_path), [], 5) == (3, None)
+
+    def hang(cmd, **kw):
+        raise subprocess.TimeoutExpired(cmd, 5)
+
+    monkeypatch.setattr(local.subprocess, "run", hang)
+    assert local._run(str(tmp_path / "nothing"), [], 5) == (-1, None)

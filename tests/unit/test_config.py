@@ -95,3 +95,13 @@ def test_unknown_key_is_rejected():
 def test_fetch_parallel_must_be_a_positive_integer():
     (err,) = validation_errors(cfg("cluster.fetch_parallel=0"))
     assert err.startswith("cluster.fetch_parallel=0: must be an integer >= 1") and "HINT" in err
+
+
+def test_the_shape_is_derived_once_from_the_cluster():
+    from ckptless_hpc.config import Shape
+
+    s = Shape.of(cfg("cluster.nodes=3", "cluster.workers_per_node=4", "cluster.spare_nodes=2"))
+    assert (s.nodes, s.workers_per_node, s.spare_nodes, s.world) == (3, 4, 2, 12)
+    assert [s.node_of(r) for r in (0, 3, 4, 11)] == [0, 0, 1, 2] and s.ranks_of(1) == [4, 5, 6, 7]
+    assert Shape.of(cfg().cluster) == Shape.of(cfg())  # the section or the whole config
+    assert Shape.of(cfg("cluster.nodes=0")).world == 0  # never raises: validate reports the value

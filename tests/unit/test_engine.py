@@ -179,20 +179,23 @@ def test_a_source_serves_its_optimizer_state_before_its_update_never_during_it()
     tensors already hold step 6's moments, still labelled step 5 until the step returns)."""
     from ckptless_hpc.state.fetch import Source, fetch
     from ckptless_hpc.state.transfer import StateServer, TransferError, Want, select
+    from ckptless_hpc.worker.interrupt import Waiter
     from ckptless_hpc.worker.peer_state import PeerState
+    from ckptless_hpc.worker.standing import Standing
 
     e = _engine(MLPTask())
     _run(e, 0, 5)
     entries, meta = e.collect(5)
     want = state_sha256(select([(k, t.clone()) for k, t in entries], "rest"), meta)
-    class Serving(PeerState):
-        def _due(self, at, step):  # no fault injected here
+    class NoFaults:
+        def due(self, at, step):  # no fault injected here
             return None
 
-    w = Serving()  # the worker's serving side, over the real engine: training step 5 of generation 3
-    w.engine, w.shards, w.behind, w.gen, w.step, w.training, w.rank, w.node = e, None, None, 3, 5, True, None, "local0.0"
+    standing = Standing("local0")  # the worker's serving side, over the real engine: training step 5 of generation 3
+    standing.gen, standing.step, standing.training = 3, 5, True
     secret = "s" * 32
-    server = StateServer("127.0.0.1", secret, w._provide)
+    w = PeerState(e.cfg, e, None, secret, None, Waiter(), NoFaults(), standing, "local0.0")
+    server = StateServer("127.0.0.1", secret, w.provide)
     got = {}
 
     def ask(when):
@@ -387,3 +390,19 @@ def test_refusals_name_the_problem():
 
     with pytest.raises(ValueError, match="not a torch.optim.lr_scheduler scheduler.*HINT"):
         Engine(_cfg(), BadScheduler(), torch.device("cpu"), world=1)
+
+
+def test_what_the_worker_asks_of_the_engine_it_gets_through_methods():
+    """The agent never reaches into the engine (worker/agent.py): the built message's layout,
+    whether the batches are the task's own, a spare's warm-up (FSDP2 only), the extra groups
+    (hsdp only) and how a failed generation's group is let go of (FSDP2 at once, else retired)."""
+    e = _engine(MLPTask())
+    layout = e.layout()
+    assert layout == {"buckets": len(e.grads.buckets), "buffers": sum(len(b) for _, b in e.buffers.groups)} and layout["buckets"] >= 1
+    assert list(layout) == ["buckets", "buffers"]  # the built message's key order
+    assert e.task_batches is (e.feed.batches.dataset is None)
+    assert e.warm_up() is None  # ddp: nothing to pre-warm
+    comm = object()
+    e.form_groups(None, comm, "127.0.0.1", 1.0)  # ddp: no groups besides the generation's
+    assert not hasattr(comm, "hsdp")
+    assert e.let_go(e.comm) is False  # the caller retires a replicated generation's group once idle

@@ -185,16 +185,20 @@ def test_optimizer_state_is_served_during_a_step_only_before_the_update():
     its own update (engine.state_step None) changes it; never while its own is still arriving."""
     from types import SimpleNamespace
 
+    from ckptless_hpc.worker.interrupt import Waiter
     from ckptless_hpc.worker.peer_state import PeerState
+    from ckptless_hpc.worker.standing import Standing
 
-    w = PeerState()
-    w.shards, w.gen, w.step, w.engine, w.behind = None, 3, 12, SimpleNamespace(state_step=12), None
-    assert w._serves_behind(3, 12)
-    assert not w._serves_behind(4, 12) and not w._serves_behind(2, 12)  # another generation's fetcher does not gate our update
-    assert not w._serves_behind(3, 11)
+    standing = Standing("local0")
+    standing.gen, standing.step = 3, 12
+    cfg = SimpleNamespace(cluster=SimpleNamespace())
+    w = PeerState(cfg, SimpleNamespace(state_step=12), None, "s" * 32, None, Waiter(), None, standing, "local0.0")
+    assert w.serves_behind(3, 12)
+    assert not w.serves_behind(4, 12) and not w.serves_behind(2, 12)  # another generation's fetcher does not gate our update
+    assert not w.serves_behind(3, 11)
     w.engine.state_step = None  # inside the optimizer update
-    assert not w._serves_behind(3, 12)
+    assert not w.serves_behind(3, 12)
     w.engine.state_step, w.behind = 12, object()  # its own optimizer state still arriving
-    assert not w._serves_behind(3, 12)
+    assert not w.serves_behind(3, 12)
     w.behind, w.shards = None, object()  # sharded state: never (a shard is served whole, not while training)
-    assert not w._serves_behind(3, 12)
+    assert not w.serves_behind(3, 12)

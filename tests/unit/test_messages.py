@@ -160,3 +160,14 @@ def test_held_reasons_and_kind():
     assert not M.Held(reason=M.held_reason(M.COLLECTIVE_ERROR, "gloo")).start_failed and not M.Held().start_failed
     assert M.kind({"type": "stop", "save": 3}, M.TO_WORKER) is M.Stop  # fields unchecked
     assert M.kind({"type": "hb"}, M.TO_WORKER) is None
+
+
+@pytest.mark.parametrize("rank", [None, 0, 5])
+@pytest.mark.parametrize("load", [None, {}, {"n1.0": 2}])
+@pytest.mark.parametrize("layout", [None, {}, {"shard": 1, "holders": [[2, "n1.0"]], "holds": [3]}])
+def test_the_assign_builder_is_the_class_encoded(rank, load, layout):
+    """``assign`` (the coordinator's hot path) writes the dict itself: the same bytes as the class."""
+    ends = {"n1.0": ("10.0.0.2", 4100)}
+    built = M.assign(3, rank, 8, 100, ["n1.0"], ends, [0], load, layout)
+    assert wire.encode(built) == wire.encode(M.Assign(3, rank, 8, 100, SRC, [0], **(layout or {}), load=load or None).encode())
+    assert M.parse(built, M.TO_WORKER) == M.Assign(3, rank, 8, 100, SRC, [0], **(layout or {}), load=load or None)

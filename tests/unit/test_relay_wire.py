@@ -12,7 +12,6 @@ import pytest
 
 from ckptless_hpc.control import wire, relay
 from ckptless_hpc.control import messages
-from ckptless_hpc.control import messages as inbox  # what the coordinator parses (control/messages.py)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -94,12 +93,12 @@ def test_a_rankless_assign_and_the_checks_parse_keeps():
     m = messages.assign(3, None, 8, 100, (), {}, [])
     assert "rank" not in m and m["step"] == 100 and m["sources"] == []
     assert messages.assign(3, 2, 8, 100, (), {}, [])["rank"] == 2
-    assert inbox.parse({"type": "ready", "gen": 2.0}).gen == 2  # an integral float is an int
-    with pytest.raises(inbox.MessageError, match="'gen'"):
-        inbox.parse({"type": "held", "gen": True, "step": 1})
-    with pytest.raises(inbox.MessageError, match="missing"):
-        inbox.parse({"type": "ready", "gen": None})
-    held = inbox.parse({"type": "held", "gen": 1, "abort_gen": 2, "step": 40, "reason": "abort"})
+    assert messages.parse({"type": "ready", "gen": 2.0}).gen == 2  # an integral float is an int
+    with pytest.raises(messages.MessageError, match="'gen'"):
+        messages.parse({"type": "held", "gen": True, "step": 1})
+    with pytest.raises(messages.MessageError, match="missing"):
+        messages.parse({"type": "ready", "gen": None})
+    held = messages.parse({"type": "held", "gen": 1, "abort_gen": 2, "step": 40, "reason": "abort"})
     assert (held.gen, held.abort_gen, held.step, held.pid) == (1, 2, 40, None)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from ckptless_hpc import metrics
 from ckptless_hpc.rundir.events import ATTEMPT_START, HEADER, EventLog, RunDirError, parse_events, read_events, split_attempts
 from ckptless_hpc.rundir.paths import RunPaths
 
@@ -55,11 +54,11 @@ def test_no_file_yet_reads_as_no_events(tmp_path):
     assert split_attempts([]) == [] and split_attempts([{"event": "step"}]) == [[{"event": "step"}]]
 
 
-def test_the_old_names_still_answer():
-    """coordinator/server.py and tests import EventLog from metrics, parse_events from read, until they adopt rundir.events."""
+def test_the_readers_names_answer_from_read_too():
+    """tools/ and the tests read a run through rundir/read.py: its event names are events.py's."""
     from ckptless_hpc.rundir import read
 
-    assert metrics.EventLog is EventLog and read.parse_events is parse_events and read.split_attempts is split_attempts and read.RunDirError is RunDirError
+    assert read.parse_events is parse_events and read.split_attempts is split_attempts and read.RunDirError is RunDirError
 
 
 def test_the_readers_number_ranks_by_the_coordinators_rule():

@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from ckptless_hpc.config import Config, validation_errors
+from ckptless_hpc.launch.probes import PROBES
 from ckptless_hpc.state.shards import Replicator, ShardStore
 from ckptless_hpc.state.snapshot import state_sha256
 from ckptless_hpc.state.transfer import StaleState, StateServer, fetch_state
@@ -121,13 +122,13 @@ def _cfg(**over):
     ],
 )
 def test_a_layout_that_cannot_keep_its_promise_is_refused(over, field, says):
-    errors = validation_errors(_cfg(**over))
+    errors = validation_errors(_cfg(**over), PROBES)  # the node-loss check needs state.placement, passed in
     assert any(e.startswith(f"{field}=") and says in e and "HINT" in e for e in errors), errors
 
 
 def test_sharded_layouts_that_work_are_accepted():
     assert validation_errors(_cfg(**{"parallel.mode": "zero", "cluster.nodes": 3, "replication.factor": 2})) == []
-    assert validation_errors(_cfg(**{"parallel.mode": "hsdp", "parallel.shard_size": 2, "cluster.nodes": 2, "cluster.workers_per_node": 2})) == []
+    assert validation_errors(_cfg(**{"parallel.mode": "hsdp", "parallel.shard_size": 2, "cluster.nodes": 2, "cluster.workers_per_node": 2}), PROBES) == []
     assert validation_errors(_cfg(**{"parallel.mode": "fsdp", "replication.factor": 0})) == []
 
 

@@ -23,7 +23,7 @@ def _copies(factor: int) -> ShardCopies:
     cfg = SimpleNamespace(parallel=SimpleNamespace(mode="zero"), replication=SimpleNamespace(every=1, factor=factor),
                           cluster=SimpleNamespace(recovery_timeout_s=5.0))
     sc = ShardCopies(cfg, "secret", client=None, wake=threading.Event())
-    sc.assign(0, {"shard": 0, "holders": []})
+    sc.assign(0, 0, [], [])
     return sc
 
 

@@ -1,0 +1,6 @@
+"""The worker's exit codes (the coordinator and the launchers read them; never renumber)."""
+
+EXIT_COORDINATOR_LOST = 17
+EXIT_STARTUP_ERROR = 18
+EXIT_CUDA_POISONED = 19  # a CUDA error poisoned the context: replaced through the spare path
+EXIT_WEDGED = 20  # an NCCL abort or a CUDA stream check did not return within cluster.abort_timeout_s

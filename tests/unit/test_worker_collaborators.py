@@ -1,0 +1,123 @@
+"""The worker's collaborators without processes (worker/agent.py holds them): the waiter the
+coordinator cuts short, the fault injector's report and ack, the standing the log lines follow,
+and the agent's dispatch on the coordinator's messages."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from ckptless_hpc import faults as faultlib
+from ckptless_hpc.worker.agent import Address, Agent
+from ckptless_hpc.worker.injector import FaultInjector
+from ckptless_hpc.worker.interrupt import Aborted, CollectiveError, Waiter
+from ckptless_hpc.worker.standing import Standing
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Client:
+    def __init__(self, inbox=()):
+        self.sent, self.inbox = [], list(inbox)
+
+    def send(self, msg):  # as ControlClient.send: a message class is sent encoded
+        self.sent.append(msg if isinstance(msg, dict) else msg.encode())
+
+    def next_message(self, timeout_s=None):
+        if not self.inbox:
+            raise StopIteration  # ends serve_forever in the test
+        return self.inbox.pop(0)
+
+
+def test_a_wait_returns_its_value_is_cut_by_a_newer_abort_and_bounded():
+    w = Waiter()
+    assert w.run(lambda: 7, gen=2, timeout_s=5, what="form-group") == 7
+    release = threading.Event()
+    threading.Timer(0.05, lambda: w.abort(3)).start()
+    with pytest.raises(Aborted, match="fetch-state"):
+        w.run(release.wait, gen=2, timeout_s=30, what="fetch-state")
+    assert w.cut(2) and not w.cut(3)  # only work of an older generation is cut
+    with pytest.raises(CollectiveError, match="timed out after 0.1s"):
+        w.run(release.wait, gen=3, timeout_s=0.1, what="allreduce")
+    release.set()
+    with pytest.raises(ValueError, match="boom"):  # an error in the thread is the caller's
+        w.run(lambda: (_ for _ in ()).throw(ValueError("boom")), gen=3, timeout_s=5, what="x")
+    w.stop()
+    assert w.cut(3) and w.wait_until(lambda: False, 3, 5) == "abort"
+
+
+def test_a_fault_is_reported_then_fired_once_the_coordinator_recorded_it(monkeypatch):
+    fired = []
+    monkeypatch.setattr(faultlib, "fire", lambda fault, *slurm: fired.append(fault))  # the Slurm environment and cancel_step ride along
+    standing, client = Standing("n0"), _Client()
+    standing.join(4, 1, 2)
+    inj = FaultInjector(client, standing)
+    fault = faultlib.Fault(index=0, kind="kill_worker", step=3, rank=1)
+    inj.arm([fault], workers_per_node=1)
+    assert inj.due("step", 2) is None and inj.due("step", 3) == fault
+    threading.Timer(0.05, lambda: inj.ack(0)).start()
+    inj.fire_due("step", 3)
+    assert fired == [fault]
+    (msg,) = client.sent
+    assert list(msg) == ["type", "index", "kind", "at", "gen", "rank", "step", "pid"]  # the wire's key order
+    assert (msg["type"], msg["index"], msg["gen"], msg["rank"], msg["step"]) == ("fault", 0, 4, 1, 3)
+    inj.done.add(0)
+    assert inj.due("step", 3) is None  # fired (here or by anyone before): never again
+
+
+def test_a_straggler_is_reported_once_and_slows_the_step(monkeypatch):
+    slept = []
+    monkeypatch.setattr("ckptless_hpc.worker.injector.time.sleep", slept.append)
+    standing, client = Standing("n0"), _Client()
+    standing.join(1, 0, 2)
+    inj = FaultInjector(client, standing)
+    inj.arm([faultlib.Fault(index=2, kind="slow", step=1, rank=0, factor=3.0, duration=5)], 1)
+    inj.straggle(1, t0=0.0)
+    inj.straggle(2, t0=0.0)
+    assert [m["at"] for m in client.sent] == ["step"] and len(slept) == 2 and all(s > 0 for s in slept)
+
+
+def test_the_log_lines_follow_the_standing():
+    s = Standing("n3")
+    assert s.ctx == {"job": "-", "gen": "-", "rank": "spare", "node": "n3", "step": "-"}
+    s.join(5, 2, 4)
+    s.at(9)
+    assert (s.ctx["gen"], s.ctx["rank"], s.ctx["step"]) == (5, 2, 9)
+    s.lost()
+    assert s.step is None and s.ctx["step"] == "-"
+    assert list(s.heartbeat()) == ["gen", "step", "training", "compute_s"]
+
+
+def _agent(inbox=()):
+    a = Agent(Address("n0", 1, "127.0.0.1:1", "127.0.0.1", "s" * 32))
+    a.client = _Client(inbox)
+    a.faults = FaultInjector(a.client, a.standing)
+    return a
+
+
+def test_the_reader_thread_takes_aborts_stops_and_acks_on_arrival():
+    a = _agent()
+    a._on_message({"type": "abort", "gen": 4})
+    a._on_message({"type": "abort", "gen": 2})  # an older one never lowers it
+    assert a.waiter.abort_gen == 4 and a.waiter.wake.is_set() and not a.waiter.stopping
+    a._on_message({"type": "fault_ack", "index": 3})
+    assert 3 in a.faults._acks
+    a._on_message({"type": "stop"})
+    assert a.waiter.stopping and a.waiter.cut(10)
+
+
+def test_the_main_thread_dispatches_on_the_message_type(caplog):
+    class _Peers:
+        def held_step(self):
+            return 6
+
+    a = _agent([{"type": "abort", "gen": 3}, {"type": "copy_at", "step": 8}, {"type": "nonsense"}])
+    a.peers, a.standing.gen = _Peers(), 2
+    with caplog.at_level(logging.WARNING, logger="ckptless_hpc.worker"), pytest.raises(StopIteration):
+        a.serve_forever()
+    (held,) = a.client.sent  # the abort is answered with what it holds; copy_at was taken on arrival
+    assert list(held) == ["type", "gen", "abort_gen", "step", "pid", "reason"]
+    assert (held["gen"], held["abort_gen"], held["step"], held["reason"]) == (2, 3, 6, "abort")
+    assert "ignoring unknown message 'nonsense'" in caplog.text
