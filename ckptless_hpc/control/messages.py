@@ -483,7 +483,7 @@ class Up(_Message):
 
 @dataclass(frozen=True)
 class Down(_Message):
-    """``[[worker or [workers], message], ...]`` (channel.py writes its frames as bytes: ``DOWN_HEAD``)."""
+    """``[[worker or [workers], message], ...]`` (control/server.py writes its frames as bytes: ``DOWN_HEAD``)."""
 
     TYPE: ClassVar[str] = "down"
     m: List[Any]
@@ -515,7 +515,7 @@ class HeartbeatSummary(_Message):
 
 def heartbeat_summary(t: float, w: Dict[str, List[Any]]) -> Dict[str, Any]:
     """The hot path (one per node per interval): ``w`` is worker -> [age_s, step, compute_s];
-    the coordinator reads it in place (coordinator/channel.py ``_on_summary``)."""
+    the coordinator reads it in place (control/server.py ``_on_summary``)."""
     return {"type": "hbs", "t": t, "w": w}
 
 

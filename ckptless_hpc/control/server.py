@@ -14,13 +14,27 @@ import fcntl
 import logging
 import termios
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Set
 
 from . import wire
 from .messages import Dropped
 from .relay import DOWN, Batcher, entry
 
 log = logging.getLogger("ckptless_hpc.coordinator")
+
+
+class Background:
+    """Tasks started and not awaited (a welcome once the store is up, a refill, a grace): kept
+    until they end, since the event loop keeps only a weak reference to a task."""
+
+    def __init__(self) -> None:
+        self._tasks: Set["asyncio.Future[Any]"] = set()
+
+    def spawn(self, coro: Awaitable[Any]) -> "asyncio.Future[Any]":
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,7 @@ class ControlServer:
         self.relays: Dict[str, RelayLink] = {}  # node -> its relay's link (cluster.control=node)
         self.ready = asyncio.Event()  # set once workers may be welcomed (the store is up)
         self._server: Optional[asyncio.AbstractServer] = None
+        self._later = Background()  # relayed workers welcomed once the store is up
 
     def bind(self, handlers: Handlers) -> None:
         self.on = handlers
@@ -175,7 +190,7 @@ class ControlServer:
         if self.ready.is_set():
             self._welcome(rec)
         else:
-            asyncio.ensure_future(self._welcome_when_ready(rec))
+            self._later.spawn(self._welcome_when_ready(rec))
 
     async def _welcome_when_ready(self, rec: Any) -> None:
         await self.ready.wait()

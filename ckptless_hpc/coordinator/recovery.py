@@ -1,9 +1,9 @@
 """One recovery as a pure state machine: abort -> held -> plan -> assign -> joining/ready -> re-formed.
 
-Driven by the typed messages of the recovering generation (inbox.py), the failures the shell
-detected, and the time it is given; it returns the actions the shell carries out (sends,
-events, losses, launcher calls). No sockets, processes or clocks here: ``Coordinator._recover``
-(server.py) is the shell.
+Driven by the typed messages of the recovering generation (control/messages.py), the failures the
+shell detected, and the time it is given; it returns the actions the shell carries out (sends,
+events, losses, launcher calls). No sockets, processes or clocks here: the job machine (job.py)
+runs it and the shell (shell.py) carries out its actions.
 
 A recovery may take several generations: a failure during it, a survivor that does not hold in
 time, a replacement that cannot start (start failures re-plan at once, a worker failing

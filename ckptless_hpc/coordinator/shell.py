@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..config import global_batch
 from ..control import messages, wire
 from ..control.messages import Stop
-from ..control.server import ControlServer, Handlers
+from ..control.server import Background, ControlServer, Handlers
 from ..faults import faults_from_config
 from . import host, scheduler_log
 from .health import Health
@@ -48,12 +48,12 @@ log = logging.getLogger("ckptless_hpc.coordinator")
 class Coordinator:
     def __init__(self, cfg: Any, launcher: Any, job: JobMachine, control: ControlServer, record: RunRecord, health: Health, clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.launcher, self.job, self.control, self.record, self.health, self.clock = cfg, launcher, job, control, record, health, clock
-        self.wakeup = Wakeup()
+        self.wakeup, self.tasks = Wakeup(), Background()  # tasks: the refills and graces started and not awaited
         self.telemetry = Telemetry(cfg, job.world, lambda: self.members.census(), self._console_log)
         self.saver = Saver(cfg, record, job, job.layout, control, launcher, self._until, self._emit, self._persist, self._off_loop, self._finish)
         self.reformer = Reformer(cfg, job, control, launcher, record, self.telemetry, self._emit)
         self.reader = Reader(cfg, job, record, self.telemetry, control, launcher, self._emit, self._notify, self._persist, self._lost,
-                             lambda: asyncio.ensure_future(self._refill()), lambda gen: asyncio.ensure_future(self._reform_if_unexplained(gen)), lambda: self.store_addr)
+                             lambda: self.tasks.spawn(self._refill()), lambda gen: self.tasks.spawn(self._reform_if_unexplained(gen)), lambda: self.store_addr)
         control.bind(Handlers(self.reader.on_hello, self.reader.on_message, self._lost, self.reader.welcome, self._emit, lambda: self.job.gen))
         self.store: Any = None
         self.store_addr: Optional[str] = None
@@ -147,7 +147,7 @@ class Coordinator:
             self.job.fail(f"worker {rec.wid} on node {rec.node} died during start-up: {reason}\n{log_tail(self.launcher.log_path(rec.wid))}")
         elif kind != RECOVER:
             self._exclude(rec.node, f"spare {rec.wid} failed: {reason}")
-            asyncio.ensure_future(self._refill())
+            self.tasks.spawn(self._refill())
         if self.launcher.node_is_one_step:  # its node's step ended with it: the node's ranks are lost together, one failure
             for mate in self.members.node_mates(rec.wid):
                 self._lost(self.workers[mate], f"its node's step ended with worker {rec.wid} ({reason})")
@@ -310,7 +310,7 @@ class Coordinator:
         return code
 
     def _start_training(self, starters: List[WorkerRec]) -> None:
-        self.ranks = initial_ranks(by_node((w.wid, w.node) for w in starters))
+        self.members.ranks = initial_ranks(by_node((w.wid, w.node) for w in starters))
         self.record.t_train = self.clock()
         step0 = self.resume["step"] if self.resume else 0
         self.reformer.assign(self.ranks, step0, {}, load=self.resume)

@@ -73,6 +73,7 @@ class Zygote:
         self._next = 0
         self._forks: Dict[int, "asyncio.Future[Forked]"] = {}  # request id -> its worker, once forked
         self._children: Dict[int, Forked] = {}
+        self._pollers: List["asyncio.Future[None]"] = []  # exits watched from /proc once the zygote is lost
         self.lost: Optional[str] = None
         self._closing = False
 
@@ -142,8 +143,7 @@ class Zygote:
         for fut in self._forks.values():
             if not fut.done():
                 fut.set_exception(RuntimeError(self.lost))
-        for child in self._children.values():
-            asyncio.ensure_future(self._poll_exit(child))
+        self._pollers = [asyncio.ensure_future(self._poll_exit(child)) for child in self._children.values()]  # kept: the loop holds tasks weakly
         self._children.clear()
 
     @staticmethod

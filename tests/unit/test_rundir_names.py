@@ -32,11 +32,7 @@ FILES = {
 }
 FOLDERS = {paths.LOGS, paths.HYDRA, paths.SUBMITIT, paths.STATE, paths.SAVED, paths.FINAL, paths.TENSORBOARD}
 
-#: Rooms that spell run-dir names today, until they adopt rundir.paths (issue 21, one owner per
-#: room, landing in parallel). The lead removes each entry when its room has adopted RunPaths.
-ALLOWED = {
-    "rundir": "the owner",
-}
+OWNER = "rundir"  # the one room that spells them
 
 Finding = Tuple[str, int, str]
 
@@ -96,23 +92,13 @@ def _room(rel: str) -> str:
 def test_no_run_dir_name_is_spelled_outside_rundir():
     found: List[Finding] = []
     for rel, path in _package_files():
-        if _room(rel) in ALLOWED:
+        if _room(rel) == OWNER:
             continue
         with open(path, encoding="utf-8") as f:
             found += scan_source(f.read(), rel)
     assert not found, "run-dir names spelled outside ckptless_hpc/rundir/ (HINT: use rundir.paths.RunPaths or its constants):\n" + "\n".join(
         f"  ckptless_hpc/{w}:{line}: {lit!r}" for w, line, lit in found
     )
-
-
-def test_the_allowlist_only_holds_rooms_that_still_need_it():
-    """An allowed room that spells no name any more is taken off the list (so that it stays clean)."""
-    clean = []
-    for room in sorted(set(ALLOWED) - {"rundir"}):
-        hits = [f for rel, path in _package_files() if _room(rel) == room for f in scan_source(open(path, encoding="utf-8").read(), rel)]
-        if not hits:
-            clean.append(room)
-    assert not clean, f"rooms {clean} spell no run-dir name any more. HINT: remove them from ALLOWED in {__file__}"
 
 
 @pytest.mark.parametrize(
