@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 def test_a_drawn_schedule_fires_every_fault_and_keeps_the_oracle(slurm_env, tmp_path, capsys):
     code = local.main(["cluster=slurm", "runs=1", "seed=0", "steps=300", "kinds=cancel_step,preempt", "redraws=0", f"out={tmp_path}"])
     printed = capsys.readouterr().out
-    report = json.loads((tmp_path / "local.json").read_text())
+    report = json.loads((tmp_path / "chaos.json").read_text())
     (run,) = report["runs"]
     assert [f["kind"] for f in run["faults"]] == ["cancel_step", "preempt"], run["faults"]
     assert run["fired"] == run["planned"] == 2, (run["injections"], printed)
