@@ -51,8 +51,10 @@ def test_hung_worker_is_released_within_the_bound_and_killed(job, baseline):
 
 
 def test_straggler_is_reported_not_failed(job, baseline):
-    cfg = ("task=mlp", "train.steps=150")
-    res = job(*cfg, *FAST_HB, "fault=slow", "fault.rank=0", "fault.step=20", "fault.factor=8", "fault.duration=120")
+    # slow for long enough that rank 0's window (STRAGGLER_WINDOW heartbeats, one per 0.25 s) fills with
+    # slow samples: 120 slow steps of the mlp last ~1.3 s on a quiet machine, too few heartbeats
+    cfg = ("task=mlp", "train.steps=500")
+    res = job(*cfg, *FAST_HB, "fault=slow", "fault.rank=0", "fault.step=20", "fault.factor=8", "fault.duration=460")
     _oracle(res, baseline(*cfg), 0)
     slow = res.of("straggler")  # judged over a window of compute times: CPU noise flags nobody else
     assert slow and all(e["rank"] == 0 for e in slow) and slow[0]["ratio"] > 3, slow
