@@ -158,21 +158,46 @@ class TrainConfig:
         """The step's options: accumulation, clipping, precision, non-finite policy, data, copies, evaluation."""
         need(_is_int(t.grad_accum) and t.grad_accum >= 1, "train.grad_accum", t.grad_accum, "must be an integer >= 1", "1 = no accumulation; 4 = four micro-batches per step")
         clip = t.clip_grad_norm
-        need(clip is None or (isinstance(clip, (int, float)) and clip > 0), "train.clip_grad_norm", clip, "must be > 0 or null", "e.g. train.clip_grad_norm=1.0; null turns clipping off")
+        need(
+            clip is None or (isinstance(clip, (int, float)) and clip > 0),
+            "train.clip_grad_norm",
+            clip,
+            "must be > 0 or null",
+            "e.g. train.clip_grad_norm=1.0; null turns clipping off",
+        )
         need(t.precision in PRECISIONS, "train.precision", t.precision, "unknown precision", f"use one of {', '.join(PRECISIONS)}")
-        need(t.on_nonfinite in NONFINITE_POLICIES, "train.on_nonfinite", t.on_nonfinite, "unknown policy", "use stop (end the job at the last finite state) or skip (drop the step)")
+        need(
+            t.on_nonfinite in NONFINITE_POLICIES, "train.on_nonfinite", t.on_nonfinite, "unknown policy", "use stop (end the job at the last finite state) or skip (drop the step)"
+        )
         f = t.max_skipped_fraction
         need(
-            isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1, "train.max_skipped_fraction", f, "must be in [0, 1]",
+            isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1,
+            "train.max_skipped_fraction",
+            f,
+            "must be in [0, 1]",
             "e.g. train.max_skipped_fraction=0.1 (on_nonfinite=skip drops at most 10% of train.steps); 1.0 sets no limit",
         )
-        need(_is_int(t.data_workers) and t.data_workers >= 0, "train.data_workers", t.data_workers, "must be an integer >= 0", "0 makes batches in the training thread; 2 runs a DataLoader with 2 worker processes")
+        need(
+            _is_int(t.data_workers) and t.data_workers >= 0,
+            "train.data_workers",
+            t.data_workers,
+            "must be an integer >= 0",
+            "0 makes batches in the training thread; 2 runs a DataLoader with 2 worker processes",
+        )
         need(_is_int(t.prefetch) and t.prefetch >= 1, "train.prefetch", t.prefetch, "must be an integer >= 1", "e.g. train.prefetch=2 micro-batches per data worker")
-        need(_is_int(t.save_every) and t.save_every >= 0, "train.save_every", t.save_every, "must be an integer >= 0", "e.g. train.save_every=500 (steps); 0 writes no periodic copy")
+        need(
+            _is_int(t.save_every) and t.save_every >= 0, "train.save_every", t.save_every, "must be an integer >= 0", "e.g. train.save_every=500 (steps); 0 writes no periodic copy"
+        )
         need(t.save_every_s >= 0, "train.save_every_s", t.save_every_s, "must be >= 0", "e.g. train.save_every_s=1800 (seconds); 0 writes no timed copy")
         need(_is_int(t.keep_saved) and t.keep_saved >= 1, "train.keep_saved", t.keep_saved, "must be an integer >= 1", "e.g. train.keep_saved=2 (the newest copies kept)")
         need(_is_int(t.eval_every) and t.eval_every >= 0, "train.eval_every", t.eval_every, "must be an integer >= 0", "e.g. train.eval_every=100; 0 turns evaluation off")
-        need(_is_int(t.eval_batches) and t.eval_batches >= 1, "train.eval_batches", t.eval_batches, "must be an integer >= 1", "e.g. train.eval_batches=8 validation batches per evaluation")
+        need(
+            _is_int(t.eval_batches) and t.eval_batches >= 1,
+            "train.eval_batches",
+            t.eval_batches,
+            "must be an integer >= 1",
+            "e.g. train.eval_batches=8 validation batches per evaluation",
+        )
         need(t.bucket_mb > 0, "train.bucket_mb", t.bucket_mb, "must be > 0", "e.g. train.bucket_mb=16 (MiB per gradient allreduce)")
         if t.tensorboard:
             from .metrics import tensorboard_missing  # the bottom layer, as this module
@@ -259,15 +284,26 @@ class ClusterConfig:
     def check(c: Any, need: Need) -> None:
         """cluster.*: the shape, the devices and collectives, the timings."""
         need(c.backend in ("local", "slurm"), "cluster.backend", c.backend, "unknown backend", "use cluster=local or cluster=slurm")
-        need(c.control in ("rank", "node"), "cluster.control", c.control, "must be rank or node",
-             "cluster.control=rank (a control connection per worker) or cluster.control=node (one per node, through its relay)")
+        need(
+            c.control in ("rank", "node"),
+            "cluster.control",
+            c.control,
+            "must be rank or node",
+            "cluster.control=rank (a control connection per worker) or cluster.control=node (one per node, through its relay)",
+        )
         need(c.nodes >= 1, "cluster.nodes", c.nodes, "must be >= 1", "set cluster.nodes=2")
         need(c.workers_per_node >= 1, "cluster.workers_per_node", c.workers_per_node, "must be >= 1", "set cluster.workers_per_node=1")
         need(c.spare_nodes >= 0, "cluster.spare_nodes", c.spare_nodes, "must be >= 0", "set cluster.spare_nodes=1 (0 = no hot spares)")
         need(c.straggler_factor > 1, "cluster.straggler_factor", c.straggler_factor, "must be > 1", "e.g. cluster.straggler_factor=3")
         ClusterConfig.check_devices(c, need)
         need(c.abort_timeout_s > 0, "cluster.abort_timeout_s", c.abort_timeout_s, "must be > 0", "e.g. cluster.abort_timeout_s=10")
-        need(isinstance(c.fetch_parallel, int) and c.fetch_parallel >= 1, "cluster.fetch_parallel", c.fetch_parallel, "must be an integer >= 1", "e.g. cluster.fetch_parallel=4 (1: one source at a time)")
+        need(
+            isinstance(c.fetch_parallel, int) and c.fetch_parallel >= 1,
+            "cluster.fetch_parallel",
+            c.fetch_parallel,
+            "must be an integer >= 1",
+            "e.g. cluster.fetch_parallel=4 (1: one source at a time)",
+        )
         need(c.max_refills >= 0, "cluster.max_refills", c.max_refills, "must be >= 0", "set cluster.max_refills=0 to never refill")
         ClusterConfig.check_timings(c, need)
 
@@ -488,17 +524,15 @@ class FaultSpec:
         if f.kind == "none":
             return []
         if not 0 <= f.step < steps:
-            errors.append(
-                _err(f"{prefix}.step", f.step, f"must be in [0, train.steps={steps})", "pick a step the run reaches")
-            )
+            errors.append(_err(f"{prefix}.step", f.step, f"must be in [0, train.steps={steps})", "pick a step the run reaches"))
         if f.at not in FAULT_MOMENTS:
             errors.append(_err(f"{prefix}.at", f.at, "unknown moment", f"use one of {', '.join(FAULT_MOMENTS)}"))
         elif f.kind in WIRE_KINDS and f.at not in ("step", "send", "optimizer"):
-            errors.append(_err(f"{prefix}.at", f.at, f"a {f.kind} fault strikes a state being served", f"use {prefix}.at=send (any state) or {prefix}.at=optimizer (its optimizer part)"))
-        elif f.kind in _AT_IGNORED and f.kind not in WIRE_KINDS and f.at not in ("step", _AT_IGNORED[f.kind]):  # "step" is the schema's default
             errors.append(
-                _err(f"{prefix}.at", f.at, f"a {f.kind} fault always strikes {_AT_IGNORED[f.kind]!r}", f"drop {prefix}.at (or set it to {_AT_IGNORED[f.kind]})")
+                _err(f"{prefix}.at", f.at, f"a {f.kind} fault strikes a state being served", f"use {prefix}.at=send (any state) or {prefix}.at=optimizer (its optimizer part)")
             )
+        elif f.kind in _AT_IGNORED and f.kind not in WIRE_KINDS and f.at not in ("step", _AT_IGNORED[f.kind]):  # "step" is the schema's default
+            errors.append(_err(f"{prefix}.at", f.at, f"a {f.kind} fault always strikes {_AT_IGNORED[f.kind]!r}", f"drop {prefix}.at (or set it to {_AT_IGNORED[f.kind]})"))
         if f.kind == "slow" and (f.factor <= 1 or f.duration < 1):
             errors.append(_err(f"{prefix}.factor", f.factor, "a straggler needs factor > 1 and duration >= 1", "e.g. factor: 5, duration: 20"))
         world = shape.world
@@ -514,9 +548,7 @@ class FaultSpec:
                 )
         if f.kind == "kill_node":
             if f.node is None or not 0 <= f.node < shape.nodes:
-                errors.append(
-                    _err(f"{prefix}.node", f.node, f"no such node slot (cluster.nodes={shape.nodes})", f"use {prefix}.node=0..{shape.nodes - 1}")
-                )
+                errors.append(_err(f"{prefix}.node", f.node, f"no such node slot (cluster.nodes={shape.nodes})", f"use {prefix}.node=0..{shape.nodes - 1}"))
         return errors
 
 
@@ -566,8 +598,13 @@ class Config:
         if rec is None:
             need(False, "resume_from", resume, str(why), "give a run directory, its final/ folder, or the file or folder of a saved copy")
             return
-        need(rec["step"] < cfg.train.steps, "resume_from", resume, f"holds step {rec['step']}, and train.steps={cfg.train.steps}: nothing left to train",
-             f"raise train.steps above {rec['step']}")
+        need(
+            rec["step"] < cfg.train.steps,
+            "resume_from",
+            resume,
+            f"holds step {rec['step']}, and train.steps={cfg.train.steps}: nothing left to train",
+            f"raise train.steps above {rec['step']}",
+        )
 
 
 def register_configs() -> None:

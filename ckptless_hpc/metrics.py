@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 
-
 @dataclass
 class Recovery:
     """One recovery: what failed, what replaced it, and what each phase cost (seconds)."""

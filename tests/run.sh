@@ -11,8 +11,9 @@ PY=${PYTHON:-python3}
 # the CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build
 "$PY" -m pip install -q torch==2.13.0
 "$PY" -m pip install -q -e '.[test,examples]'
-# real defects first (pyproject.toml [tool.ruff.lint]): seconds, before any cluster starts
+# real defects and the format first (pyproject.toml [tool.ruff]): seconds, before any cluster starts
 "$PY" -m ruff check ckptless_hpc
+"$PY" -m ruff format --check ckptless_hpc  # the package is ruff-formatted ([tool.ruff.format]): run `ruff format ckptless_hpc`
 export CKPTLESS_REQUIRE_EXAMPLES=${CKPTLESS_REQUIRE_EXAMPLES:-1}
 if [ "$(id -u)" = 0 ]; then
   export CKPTLESS_REQUIRE_SLURM=${CKPTLESS_REQUIRE_SLURM:-1}

@@ -34,8 +34,18 @@ from ..rundir.summary import read as read_summary
 CHAOS_FILE = "chaos.json"
 
 DEFAULTS: Dict[str, Any] = {
-    "runs": 10, "seed": 0, "steps": 60, "nodes": 3, "workers_per_node": 1, "task": "mlp", "parallel": "ddp", "out": "chaos-runs", "timeout_s": 300, "redraws": 3,
-    "cluster": "local", "kinds": "",
+    "runs": 10,
+    "seed": 0,
+    "steps": 60,
+    "nodes": 3,
+    "workers_per_node": 1,
+    "task": "mlp",
+    "parallel": "ddp",
+    "out": "chaos-runs",
+    "timeout_s": 300,
+    "redraws": 3,
+    "cluster": "local",
+    "kinds": "",
 }
 SLURM_DEFAULTS: Dict[str, Any] = {"steps": 1500, "nodes": 2, "task": "lm", "out": "chaos-slurm", "timeout_s": 600, "redraws": 2}
 PARALLEL = ("ddp", "zero", "fsdp", "hsdp")
@@ -153,11 +163,26 @@ def _one(i: int, attempt: int, base: List[str], out: str, opts: Dict[str, Any], 
     rc, s = _run(os.path.join(out, f"run{i:03d}" + (f"-redraw{attempt}" if attempt else "")), base + ["fault=none", schedule_override(faults)], opts["timeout_s"])
     verdict, oracle, fired = run_verdict(len(faults), rc, s, want)
     downs = [r["downtime_s"] for r in (s or {}).get("recoveries", [])]
-    desc = "; ".join(f"{f['kind']}" + (f" r{f['rank']}" if "rank" in f else "") + (f" n{f['node']}" if "node" in f else "") + f" @{f['step']}" + (f"/{f['at']}" if "at" in f else "") for f in faults)
-    print(f"{i:>4}{'r' if attempt else ' '} {verdict:<7} {rc:>4} {fired:>2}/{len(faults):<2}  {len(downs)} ({', '.join(f'{d:.2f}' for d in downs)})".ljust(54) + f" {desc}", flush=True)
+    desc = "; ".join(
+        f"{f['kind']}" + (f" r{f['rank']}" if "rank" in f else "") + (f" n{f['node']}" if "node" in f else "") + f" @{f['step']}" + (f"/{f['at']}" if "at" in f else "")
+        for f in faults
+    )
+    print(
+        f"{i:>4}{'r' if attempt else ' '} {verdict:<7} {rc:>4} {fired:>2}/{len(faults):<2}  {len(downs)} ({', '.join(f'{d:.2f}' for d in downs)})".ljust(54) + f" {desc}",
+        flush=True,
+    )
     return {
-        "run": i, "attempt": attempt, "ok": verdict == "ok", "oracle": oracle, "exit_code": rc, "faults": faults, "fired": fired, "planned": len(faults),
-        "downtimes_s": downs, "wall_s": round(time.monotonic() - t0, 2), "status": (s or {}).get("status"),
+        "run": i,
+        "attempt": attempt,
+        "ok": verdict == "ok",
+        "oracle": oracle,
+        "exit_code": rc,
+        "faults": faults,
+        "fired": fired,
+        "planned": len(faults),
+        "downtimes_s": downs,
+        "wall_s": round(time.monotonic() - t0, 2),
+        "status": (s or {}).get("status"),
     }
 
 
@@ -172,8 +197,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rng = random.Random(opts["seed"])
     kills = 3 * opts["nodes"]  # spare budget: every loss finds a spare (refills included)
     base = [
-        f"task={opts['task']}", f"train.steps={opts['steps']}", f"cluster.nodes={opts['nodes']}", f"cluster.workers_per_node={opts['workers_per_node']}",
-        "cluster.spare_nodes=2", f"cluster.max_refills={kills}", "cluster.heartbeat_interval_s=0.25", "cluster.heartbeat_timeout_s=1.5",
+        f"task={opts['task']}",
+        f"train.steps={opts['steps']}",
+        f"cluster.nodes={opts['nodes']}",
+        f"cluster.workers_per_node={opts['workers_per_node']}",
+        "cluster.spare_nodes=2",
+        f"cluster.max_refills={kills}",
+        "cluster.heartbeat_interval_s=0.25",
+        "cluster.heartbeat_timeout_s=1.5",
         f"parallel={opts['parallel']}",
     ]
     if opts["parallel"] in ("zero", "fsdp"):  # two copies where there are nodes for them: a loss during a recovery is survived too
@@ -186,7 +217,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if rc != 0 or not ref:
         print(f"the fault-free baseline failed (exit {rc}); see {out}/baseline", file=sys.stderr)
         return 1
-    print(f"baseline sha256 {ref['final_state_sha256'][:16]}  ({opts['task']}, parallel={opts['parallel']}, {opts['steps']} steps, {opts['nodes']}x{opts['workers_per_node']} ranks)")
+    print(
+        f"baseline sha256 {ref['final_state_sha256'][:16]}  ({opts['task']}, parallel={opts['parallel']}, {opts['steps']} steps, {opts['nodes']}x{opts['workers_per_node']} ranks)"
+    )
     print(f"{'run':>5} {'verdict':<7} {'exit':>4} {'fired':>5}  {'recoveries (downtime s)':<28} faults")
     results, redrawn = [], []
     for i in range(opts["runs"]):

@@ -148,7 +148,9 @@ def inject(fault: Fault, job_id: str, node: str, evs: Sequence[Dict[str, Any]]) 
     if kind == "cancel_step":
         step = _slurm_step(evs, node)
         if step is None:
-            raise RuntimeError(f"job {job_id}: cancel_step on node {node}, but no worker_connected event of the current attempt names a Slurm step on it (its worker has not connected yet, or the node holds none of the job's steps); the injection is reported as not fired")
+            raise RuntimeError(
+                f"job {job_id}: cancel_step on node {node}, but no worker_connected event of the current attempt names a Slurm step on it (its worker has not connected yet, or the node holds none of the job's steps); the injection is reported as not fired"
+            )
         commands.cancel_step(job_id, step)
         return f"scancel {job_id}.{step} ({node})"
     commands.run(["scancel", "--signal=USR2", "--batch", job_id])
@@ -233,12 +235,24 @@ def one(index: int, attempt: int, faults: List[Fault], base: List[str], out: Pat
     n_fired = sum(1 for r in records if r["evidence"])
     oracle = res["status"] == "completed" and res["final_state_sha256"] == want
     verdict = "ok" if oracle and n_fired == len(faults) else ("FAIL" if not oracle else "UNFIRED")
-    say(f"{index:>4}{'r' if attempt else ' '} {verdict:<7} fired {n_fired}/{len(faults)}  {res['status']} (exit {res['exit_code']}), "
-        f"{res['requeues']} requeue(s), {res['recoveries']} recovery(ies), attempts {res['ended_attempts']}, oracle {'yes' if oracle else 'NO'}  [{time.monotonic() - t0:.0f} s]")
+    say(
+        f"{index:>4}{'r' if attempt else ' '} {verdict:<7} fired {n_fired}/{len(faults)}  {res['status']} (exit {res['exit_code']}), "
+        f"{res['requeues']} requeue(s), {res['recoveries']} recovery(ies), attempts {res['ended_attempts']}, oracle {'yes' if oracle else 'NO'}  [{time.monotonic() - t0:.0f} s]"
+    )
     return {
-        "run": index, "attempt": attempt, "job": job_id, "run_dir": str(run_dir), "ok": verdict == "ok", "verdict": verdict, "oracle": oracle,
-        "faults": faults, "fired": n_fired, "planned": len(faults), "injections": [{k: v for k, v in r.items() if k != "evidence"} | {"evidence": (r["evidence"] or {}).get("event")} for r in records],
-        "wall_s": round(time.monotonic() - t0, 1), **res,
+        "run": index,
+        "attempt": attempt,
+        "job": job_id,
+        "run_dir": str(run_dir),
+        "ok": verdict == "ok",
+        "verdict": verdict,
+        "oracle": oracle,
+        "faults": faults,
+        "fired": n_fired,
+        "planned": len(faults),
+        "injections": [{k: v for k, v in r.items() if k != "evidence"} | {"evidence": (r["evidence"] or {}).get("event")} for r in records],
+        "wall_s": round(time.monotonic() - t0, 1),
+        **res,
     }
 
 

@@ -70,8 +70,7 @@ class Listener:
     """Serves ``sock`` (listening) with ``handle(conn, addr)`` on authenticated connections.
     ``what`` names it in every log line ("rendezvous store 127.0.0.1:4242")."""
 
-    def __init__(self, sock: socket.socket, secret: str, handle: Handler, what: str, preauth: int, authed: int,
-                 handshake_s: float, on_reject: Optional[OnReject] = None) -> None:
+    def __init__(self, sock: socket.socket, secret: str, handle: Handler, what: str, preauth: int, authed: int, handshake_s: float, on_reject: Optional[OnReject] = None) -> None:
         self._sock, self._secret, self._handle, self.what = sock, secret, handle, what
         self.preauth, self.authed, self.handshake_s = preauth, authed, handshake_s
         self._on_reject = on_reject
@@ -137,7 +136,12 @@ class Listener:
         log.error(
             "%s: accept() failed (%s: %s; %d in a row, %d not logged since the last line): retrying in %.2fs. "
             "HINT: EMFILE/ENFILE mean no file descriptor is left (ulimit -n, or many connections held open by someone)",
-            self.what, name, e.strerror, failures, held, accept_pause_s(failures),
+            self.what,
+            name,
+            e.strerror,
+            failures,
+            held,
+            accept_pause_s(failures),
         )
 
     def _admit(self, conn: socket.socket) -> Optional[str]:

@@ -386,8 +386,17 @@ class Assign(_Message):
     load: Optional[Dict[str, Any]] = None
 
 
-def assign(gen: int, rank: Optional[int], world: int, step: int, sources: Iterable[str], endpoints: Mapping[str, Endpoint],
-           faults_done: List[int], load: Optional[Dict[str, Any]] = None, layout: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+def assign(
+    gen: int,
+    rank: Optional[int],
+    world: int,
+    step: int,
+    sources: Iterable[str],
+    endpoints: Mapping[str, Endpoint],
+    faults_done: List[int],
+    load: Optional[Dict[str, Any]] = None,
+    layout: Optional[Dict[str, Any]] = None,
+) -> Dict[str, Any]:
     """``Assign(...).encode()`` from the coordinator's view, built as a dict in place: a hot path
     (one per rank of a recovery; a frozen dataclass's construction alone costs 2-4x this). Every
     message a coordinator sends is bounded in size whatever the world size (``sources``: at most
@@ -653,7 +662,27 @@ class StoreAnswer(_Message):
 
 # ============================================================ registries and parse
 
-Message = Union[Built, Metrics, Eval, Held, Joining, Ready, Fetched, TransferFailed, FaultFired, Done, Saved, SaveFailed, LoadFailed, NonFinite, StartupError, Exported, ExportFailed, PeriodicSaved, PeriodicFailed]
+Message = Union[
+    Built,
+    Metrics,
+    Eval,
+    Held,
+    Joining,
+    Ready,
+    Fetched,
+    TransferFailed,
+    FaultFired,
+    Done,
+    Saved,
+    SaveFailed,
+    LoadFailed,
+    NonFinite,
+    StartupError,
+    Exported,
+    ExportFailed,
+    PeriodicSaved,
+    PeriodicFailed,
+]
 
 
 def _kinds(*classes: Type[Any]) -> Dict[str, Type[Any]]:
@@ -662,8 +691,25 @@ def _kinds(*classes: Type[Any]) -> Dict[str, Type[Any]]:
 
 # what the coordinator parses from a connected worker (today's set: hello and hb are read before, in place)
 KINDS: Dict[str, Type[Any]] = _kinds(
-    Built, Metrics, Eval, Held, Joining, Ready, Fetched, TransferFailed, FaultFired, Done, Saved, NonFinite,
-    StartupError, SaveFailed, LoadFailed, Exported, ExportFailed, PeriodicSaved, PeriodicFailed,
+    Built,
+    Metrics,
+    Eval,
+    Held,
+    Joining,
+    Ready,
+    Fetched,
+    TransferFailed,
+    FaultFired,
+    Done,
+    Saved,
+    NonFinite,
+    StartupError,
+    SaveFailed,
+    LoadFailed,
+    Exported,
+    ExportFailed,
+    PeriodicSaved,
+    PeriodicFailed,
 )
 TO_COORDINATOR: Dict[str, Type[Any]] = KINDS
 CONNECTING: Dict[str, Type[Any]] = _kinds(Hello, RelayHello, Probe, Heartbeat)  # first words, and the hot path

@@ -54,7 +54,9 @@ class ControlServer:
     heartbeat sinks: ``stalls`` (the coordinator's own stalls), ``straggling`` (compute times),
     ``hb_delay`` (heartbeat sent -> read)."""
 
-    def __init__(self, workers: Mapping[str, Any], secret: str, clock: Callable[[], float], stalls: Any, straggling: Any, hb_delay: Any, handlers: Optional[Handlers] = None) -> None:
+    def __init__(
+        self, workers: Mapping[str, Any], secret: str, clock: Callable[[], float], stalls: Any, straggling: Any, hb_delay: Any, handlers: Optional[Handlers] = None
+    ) -> None:
         self.workers, self.secret, self.clock = workers, secret, clock
         self.on: Handlers = handlers  # type: ignore[assignment]  # bind() where the owner is built after the server
         self.stalls, self.straggling, self.hb_delay = stalls, straggling, hb_delay
@@ -230,7 +232,9 @@ class ControlServer:
         try:
             frame = wire.encode(msg)
         except wire.ProtocolError as e:  # a bug, not the peer's fault: say so and keep the job alive
-            log.error("gen=%s rank=%s node=%s: %s %s not sent: %s. HINT: this is a coordinator bug; please report it", self.on.gen(), rec.rank, rec.node, msg.get("type"), rec.wid, e)
+            log.error(
+                "gen=%s rank=%s node=%s: %s %s not sent: %s. HINT: this is a coordinator bug; please report it", self.on.gen(), rec.rank, rec.node, msg.get("type"), rec.wid, e
+            )
             self.on.emit("send_refused", rec, type=msg.get("type"), error=str(e))
             return
         self._write(rec, frame)

@@ -49,8 +49,7 @@ def load_secret(env: Optional[Dict[str, str]] = None) -> str:
         with open(path, encoding="ascii") as f:
             return f.read().strip()
     raise ProtocolError(
-        f"no job secret: neither {SECRET_ENV} nor {SECRET_FILE_ENV} is set. "
-        "HINT: workers are started by the coordinator, which hands them the secret; do not start them by hand"
+        f"no job secret: neither {SECRET_ENV} nor {SECRET_FILE_ENV} is set. HINT: workers are started by the coordinator, which hands them the secret; do not start them by hand"
     )
 
 
@@ -276,8 +275,9 @@ async def aclient_handshake(reader: asyncio.StreamReader, writer: asyncio.Stream
     _check_welcome(await asyncio.wait_for(arecv_msg(reader), timeout_s), secret, mine)
 
 
-async def aconnect_paced(host: str, port: int, secret: str, timeout_s: float = 120.0, first_wait_s: float = 10.0,
-                         rng: Optional[random.Random] = None) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def aconnect_paced(
+    host: str, port: int, secret: str, timeout_s: float = 120.0, first_wait_s: float = 10.0, rng: Optional[random.Random] = None
+) -> Tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """``connect_paced`` for an asyncio client (a node's relay, B7's simulated ranks)."""
     rng = rng or random.Random()
     deadline = time.monotonic() + timeout_s
@@ -320,8 +320,10 @@ def connect_unix(path: str, secret: str, timeout_s: float = 60.0) -> socket.sock
         except (FileNotFoundError, ConnectionRefusedError) as e:
             sock.close()
             if time.monotonic() >= deadline:
-                raise ConnectionError(f"no relay listening at {path} within {timeout_s:.0f}s ({type(e).__name__}). "
-                                      "HINT: the node's relay (python -m ckptless_hpc.control.relay) did not start: see its log") from None
+                raise ConnectionError(
+                    f"no relay listening at {path} within {timeout_s:.0f}s ({type(e).__name__}). "
+                    "HINT: the node's relay (python -m ckptless_hpc.control.relay) did not start: see its log"
+                ) from None
             time.sleep(0.05)
         except BaseException:
             sock.close()
@@ -390,4 +392,3 @@ class FrameProtocol(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
         self._on_closed(why)
-

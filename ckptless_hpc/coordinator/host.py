@@ -37,8 +37,11 @@ def raise_fd_limit(workers: int) -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
     if new < need:
         log.error(
-            "open-file limit %d is below the %d this job's %d workers need (one connection each). "
-            "HINT: raise it (ulimit -n %d, or LimitNOFILE / limits.conf on the batch host)", new, need, workers, need,
+            "open-file limit %d is below the %d this job's %d workers need (one connection each). HINT: raise it (ulimit -n %d, or LimitNOFILE / limits.conf on the batch host)",
+            new,
+            need,
+            workers,
+            need,
         )
 
 

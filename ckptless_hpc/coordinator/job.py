@@ -17,6 +17,7 @@ from .membership import RECOVER, Membership, loss_kind
 from .recovery import GiveUp, NewGeneration, Options as RecoveryOptions, RecoveryMachine, Reformed
 from .verdicts import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, startup_timeout
 
+
 class Phase(enum.Enum):
     STARTING = "starting"
     TRAINING = "training"

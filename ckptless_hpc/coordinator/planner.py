@@ -91,9 +91,7 @@ def plan_recovery(
     return Plan(target, dict(sorted(new_ranks.items())), promoted, sources), reason
 
 
-def _promote(
-    ranks: Mapping[int, str], failed: Set[str], spares: Sequence[Spare], active_nodes: Set[str], bad_nodes: Set[str]
-) -> Tuple[Optional[Dict[int, str]], str]:
+def _promote(ranks: Mapping[int, str], failed: Set[str], spares: Sequence[Spare], active_nodes: Set[str], bad_nodes: Set[str]) -> Tuple[Optional[Dict[int, str]], str]:
     """Each failed rank -> a usable spare (best first), or (None, why) when too few are left."""
     lost = sorted(r for r, w in ranks.items() if w in failed)
     candidates = order_spares(spares, active_nodes, bad_nodes)

@@ -10,7 +10,31 @@ from typing import Any, Callable, Dict, Optional
 from omegaconf import OmegaConf
 
 from ..control import messages
-from ..control.messages import Built, Config, CopyAt, Done, Eval, Exported, ExportFailed, FaultAck, FaultFired, Fetched, Held, Inject, Joining, LoadFailed, Metrics, NonFinite, PeriodicFailed, PeriodicSaved, Ready, Saved, SaveFailed, StartupError, TransferFailed
+from ..control.messages import (
+    Built,
+    Config,
+    CopyAt,
+    Done,
+    Eval,
+    Exported,
+    ExportFailed,
+    FaultAck,
+    FaultFired,
+    Fetched,
+    Held,
+    Inject,
+    Joining,
+    LoadFailed,
+    Metrics,
+    NonFinite,
+    PeriodicFailed,
+    PeriodicSaved,
+    Ready,
+    Saved,
+    SaveFailed,
+    StartupError,
+    TransferFailed,
+)
 from .membership import WorkerRec
 
 log = logging.getLogger("ckptless_hpc.coordinator")
@@ -20,8 +44,22 @@ class Reader:
     """``lost(rec, why)``, ``refill()``, ``reform_later(gen)``, ``persist()``, ``notify()``,
     ``emit(event, rec, **fields)``: the shell's; ``store_addr()``: the store's address, once it is up."""
 
-    def __init__(self, cfg: Any, job: Any, record: Any, telemetry: Any, control: Any, launcher: Any, emit: Callable[..., Any], notify: Callable[[], None],
-                 persist: Callable[[], None], lost: Callable[[WorkerRec, str], None], refill: Callable[[], None], reform_later: Callable[[int], None], store_addr: Callable[[], Optional[str]]) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        job: Any,
+        record: Any,
+        telemetry: Any,
+        control: Any,
+        launcher: Any,
+        emit: Callable[..., Any],
+        notify: Callable[[], None],
+        persist: Callable[[], None],
+        lost: Callable[[WorkerRec, str], None],
+        refill: Callable[[], None],
+        reform_later: Callable[[int], None],
+        store_addr: Callable[[], Optional[str]],
+    ) -> None:
         self.cfg, self.job, self.record, self.telemetry, self.control, self.launcher = cfg, job, record, telemetry, control, launcher
         self.emit, self.notify, self.persist, self.lost, self.refill, self.reform_later, self.store_addr = emit, notify, persist, lost, refill, reform_later, store_addr
         self._config: Optional[Dict[str, Any]] = None  # the resolved config every worker is sent: resolved once, not once per connection
@@ -39,7 +77,16 @@ class Reader:
         try:
             self.dispatch(rec, msg)
         except (KeyError, ValueError, TypeError) as e:
-            log.error("gen=%s rank=%s node=%s: malformed %r message from %s (%s: %s); closing its connection", self.job.gen, rec.rank, rec.node, msg.get("type"), rec.wid, type(e).__name__, e)
+            log.error(
+                "gen=%s rank=%s node=%s: malformed %r message from %s (%s: %s); closing its connection",
+                self.job.gen,
+                rec.rank,
+                rec.node,
+                msg.get("type"),
+                rec.wid,
+                type(e).__name__,
+                e,
+            )
             self.lost(rec, f"malformed {msg.get('type')!r} message ({type(e).__name__}: {e})")
         self.notify()
 
@@ -49,7 +96,15 @@ class Reader:
             log.warning("unknown message %r from %s", msg.get("type"), rec.wid)
         elif isinstance(m, Built):
             rec.built, rec.state_port = True, m.state_port
-            self.emit("spare_ready" if rec.role == "spare" else "worker_ready", rec, state_bytes=m.state_bytes, params=m.params, state_port=m.state_port, buckets=m.buckets, buffers=m.buffers)
+            self.emit(
+                "spare_ready" if rec.role == "spare" else "worker_ready",
+                rec,
+                state_bytes=m.state_bytes,
+                params=m.params,
+                state_port=m.state_port,
+                buckets=m.buckets,
+                buffers=m.buffers,
+            )
         elif isinstance(m, Metrics):
             self._metrics(rec, m)
         elif isinstance(m, Eval):
@@ -135,7 +190,16 @@ class Reader:
             self.emit("load_failed", rec, path=m.path, error=m.error)
         elif isinstance(m, NonFinite):
             if self.job.nonfinite is None:
-                self.job.nonfinite = {"step": m.step, "loss": m.loss, "grad_norm": m.grad_norm, "rank": m.rank, "held": m.held, "worker": rec.wid, "node": rec.node, "skipped": m.skipped}
+                self.job.nonfinite = {
+                    "step": m.step,
+                    "loss": m.loss,
+                    "grad_norm": m.grad_norm,
+                    "rank": m.rank,
+                    "held": m.held,
+                    "worker": rec.wid,
+                    "node": rec.node,
+                    "skipped": m.skipped,
+                }
                 self.emit("nonfinite", rec, step=m.step, loss=m.loss, grad_norm=m.grad_norm)
         elif isinstance(m, StartupError):
             self.job.fatal = f"worker {rec.wid} on node {rec.node} failed at start-up:\n{m.traceback.rstrip()}"

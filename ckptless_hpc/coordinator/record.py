@@ -79,24 +79,37 @@ def log_tail(path: str, lines: int = 30) -> str:
         return "(no log)"
 
 
-def summary(r: RunRecord, code: int, status: str, error: Optional[str], final_sha: Optional[str], final: Optional[Dict[str, Any]], cfg: Any, job: Any, t: Any, h: Any) -> Dict[str, Any]:
+def summary(
+    r: RunRecord, code: int, status: str, error: Optional[str], final_sha: Optional[str], final: Optional[Dict[str, Any]], cfg: Any, job: Any, t: Any, h: Any
+) -> Dict[str, Any]:
     """summary.json: how the job ended, its figures, what it saved; ``job``: the job machine,
     ``t``: the telemetry (steps, metrics), ``h``: the health (heartbeat delays, stalls)."""
     return {
-        "job": r.job_id, "status": status, "exit_code": code, "error": error,
-        "steps_completed": t.steps.last_step or 0, "steps_requested": cfg.train.steps,
+        "job": r.job_id,
+        "status": status,
+        "exit_code": code,
+        "error": error,
+        "steps_completed": t.steps.last_step or 0,
+        "steps_requested": cfg.train.steps,
         "final_state_sha256": final_sha,
         "final": final,  # train.save_final: the model file and the state folder, with their sha256
-        "world_size": job.world, "generations": job.gen + 1,
+        "world_size": job.world,
+        "generations": job.gen + 1,
         **r.timing(t.steps.productive_s),
         "final_loss": t.steps.last_loss,
         "final_metrics": t.last_metrics,  # the task's own, of the last step
         "eval": t.last_eval,  # the last evaluation: {"step", "metrics"}
-        "faults": fault_list(cfg.fault), "faults_fired": sorted(job.faults_done), "excluded_nodes": sorted(job.members.bad_nodes),
+        "faults": fault_list(cfg.fault),
+        "faults_fired": sorted(job.faults_done),
+        "excluded_nodes": sorted(job.members.bad_nodes),
         "recoveries": [x.report() for x in r.recoveries],
         "heartbeat_delay": h.hb_delay.report(),  # the workers' clocks against ours: exact on one machine only
         "coordinator_stalls": {"total_s": round(h.stalls.stalled_s, 3), "worst_s": round(h.stalls.worst_s, 3)},
-        "skipped_steps": dict(t.skipped), "saved_state": r.saved, "parallel": layout_summary(job), "resumed_from": r.resume, "run_dir": r.run_dir,
+        "skipped_steps": dict(t.skipped),
+        "saved_state": r.saved,
+        "parallel": layout_summary(job),
+        "resumed_from": r.resume,
+        "run_dir": r.run_dir,
         "record_errors": r.failures.messages,  # files of the run record that could not be written (record.py)
     }
 

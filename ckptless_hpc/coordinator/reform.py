@@ -62,8 +62,14 @@ class Reformer:
         survivors = self._survivor_continuity(rec)
         self.record.recoveries.append(rec)
         self.emit(
-            "reformed", step=plan.target_step, world=self.job.world, replacements=rec.replacements, bytes=rec.bytes_transferred, ranks={str(r): w for r, w in self.ranks.items()},
-            at=rec.t_ready, survivors=survivors,
+            "reformed",
+            step=plan.target_step,
+            world=self.job.world,
+            replacements=rec.replacements,
+            bytes=rec.bytes_transferred,
+            ranks={str(r): w for r, w in self.ranks.items()},
+            at=rec.t_ready,
+            survivors=survivors,
         )
         self.telemetry.feed.reformed(rec, len(rec.replacements) if self.cfg.cluster.refill_spares else 0)  # refilled once it resumed
 

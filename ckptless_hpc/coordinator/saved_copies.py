@@ -65,14 +65,14 @@ class SavedCopies:
         come would have come first)."""
         root = self.root
         complete = [s for s in _steps(root) if os.path.isfile(os.path.join(root, step_folder(s), INDEX))]
-        kept = set(complete[-self.keep:])
+        kept = set(complete[-self.keep :])
         for s in _steps(root):
             if s < newest and s not in kept:
                 shutil.rmtree(os.path.join(root, step_folder(s)), ignore_errors=True)
+
 
 def _steps(root: str) -> List[int]:
     try:
         return sorted(s for n in os.listdir(root) if (s := step_of_folder(n)) is not None)
     except OSError:
         return []
-

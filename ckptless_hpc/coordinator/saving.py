@@ -26,8 +26,20 @@ class Saver:
     """``wait(cond, timeout_s)``: the shell's wake-up; ``finish(code, status, error, **summary)``:
     the shell's end of the job; ``off_loop(fn, *args)``: a launcher call off the event loop."""
 
-    def __init__(self, cfg: Any, record: Any, job: Any, layout: Any, control: Any, launcher: Any,
-                 wait: Callable[..., Any], emit: Callable[..., Any], persist: Callable[[], None], off_loop: Callable[..., Any], finish: Callable[..., int]) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        record: Any,
+        job: Any,
+        layout: Any,
+        control: Any,
+        launcher: Any,
+        wait: Callable[..., Any],
+        emit: Callable[..., Any],
+        persist: Callable[[], None],
+        off_loop: Callable[..., Any],
+        finish: Callable[..., int],
+    ) -> None:
         self.cfg, self.record, self.job, self.layout, self.control, self.launcher = cfg, record, job, layout, control, launcher
         self.wait, self.emit, self.persist, self.off_loop, self.finish = wait, emit, persist, off_loop, finish
 

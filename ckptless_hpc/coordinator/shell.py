@@ -52,8 +52,21 @@ class Coordinator:
         self.telemetry = Telemetry(cfg, job.world, lambda: self.members.census(), self._console_log)
         self.saver = Saver(cfg, record, job, job.layout, control, launcher, self._until, self._emit, self._persist, self._off_loop, self._finish)
         self.reformer = Reformer(cfg, job, control, launcher, record, self.telemetry, self._emit)
-        self.reader = Reader(cfg, job, record, self.telemetry, control, launcher, self._emit, self._notify, self._persist, self._lost,
-                             lambda: self.tasks.spawn(self._refill()), lambda gen: self.tasks.spawn(self._reform_if_unexplained(gen)), lambda: self.store_addr)
+        self.reader = Reader(
+            cfg,
+            job,
+            record,
+            self.telemetry,
+            control,
+            launcher,
+            self._emit,
+            self._notify,
+            self._persist,
+            self._lost,
+            lambda: self.tasks.spawn(self._refill()),
+            lambda gen: self.tasks.spawn(self._reform_if_unexplained(gen)),
+            lambda: self.store_addr,
+        )
         control.bind(Handlers(self.reader.on_hello, self.reader.on_message, self._lost, self.reader.welcome, self._emit, lambda: self.job.gen))
         self.store: Any = None
         self.store_addr: Optional[str] = None
@@ -209,7 +222,9 @@ class Coordinator:
         from ..control.rendezvous import StoreServer
 
         loop, emit = self._loop, self._emit
-        self.store = StoreServer(bind, self.control.secret, on_reject=lambda peer, err: loop.call_soon_threadsafe(lambda: emit("connection_rejected", peer=str(peer), error=err, port="store")))
+        self.store = StoreServer(
+            bind, self.control.secret, on_reject=lambda peer, err: loop.call_soon_threadsafe(lambda: emit("connection_rejected", peer=str(peer), error=err, port="store"))
+        )
         self.store_addr = f"{bind}:{self.store.port}"
 
     async def run(self) -> int:
@@ -218,7 +233,16 @@ class Coordinator:
         bind = wire.resolve_host(c.bind_host)
         host.raise_fd_limit((c.nodes + c.spare_nodes + c.max_refills) * c.workers_per_node)
         self.address = await self.control.listen(bind, host.listen_backlog())
-        self._emit("job_started", address=self.address, coordinator_pid=os.getpid(), host=socket.gethostname(), world=self.job.world, nodes=c.nodes, workers_per_node=c.workers_per_node, spare_nodes=c.spare_nodes)
+        self._emit(
+            "job_started",
+            address=self.address,
+            coordinator_pid=os.getpid(),
+            host=socket.gethostname(),
+            world=self.job.world,
+            nodes=c.nodes,
+            workers_per_node=c.workers_per_node,
+            spare_nodes=c.spare_nodes,
+        )
         log.info("coordinator for job %s listening on %s; run dir %s", self.record.job_id, self.address, self.record.run_dir)
         log.info("%s", self.job.layout.describe())
         log.info("%s", global_batch(self.cfg))

@@ -58,5 +58,9 @@ class Telemetry:
             self.tensorboard.recovery(step, report)
         log.info(
             "recovered: downtime %.2fs (detect %.2f, reconfigure %.2f, transfer %.2f, resume %.2f)",
-            report["downtime_s"], report["detect_s"], report["reconfigure_s"], report["transfer_s"], report["resume_s"],
+            report["downtime_s"],
+            report["detect_s"],
+            report["reconfigure_s"],
+            report["transfer_s"],
+            report["resume_s"],
         )

@@ -72,10 +72,7 @@ def nonfinite(nf: Dict[str, Any], saved: Optional[Dict[str, Any]], where_if_not:
     if nf.get("skipped") is None:
         why, hint = "train.on_nonfinite=stop", "set train.on_nonfinite=skip to drop such steps"
     else:
-        why = (
-            f"train.on_nonfinite=skip has dropped {nf['skipped']} of train.steps={t.steps} steps already, "
-            f"the most train.max_skipped_fraction={t.max_skipped_fraction} allows"
-        )
+        why = f"train.on_nonfinite=skip has dropped {nf['skipped']} of train.steps={t.steps} steps already, the most train.max_skipped_fraction={t.max_skipped_fraction} allows"
         hint = "raise train.max_skipped_fraction (1.0: no limit) only if dropping that many steps is what you want"
     return (
         f"step {nf.get('step')} (0-based): {what} is not finite (rank {nf.get('rank')} on node {nf.get('node')}, {why}); "

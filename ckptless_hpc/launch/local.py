@@ -63,7 +63,11 @@ class Zygote:
         argv = worker_argv.zygote_command(zygote.TITLE_ROOM, target)  # target: the tests' fake worker
         with open(self.log, "ab") as err:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env,
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=env,
                 process_group=0,  # not in the coordinator's group: a Ctrl-C is the coordinator's to handle
             )
         self._out = self.proc.stdout.fileno()
@@ -97,7 +101,9 @@ class Zygote:
             os.write(self.proc.stdin.fileno(), zygote.encode({"id": rid, "argv": argv, "log": log_path, "pgid": pgid}))
             return await asyncio.wait_for(forked, FORK_TIMEOUT_S)
         except asyncio.TimeoutError:
-            raise RuntimeError(f"cannot start {what}: the worker zygote (pid {self.proc.pid}) did not fork it within {FORK_TIMEOUT_S:.0f}s; see {self.log}. {NO_FORK_HINT}") from None
+            raise RuntimeError(
+                f"cannot start {what}: the worker zygote (pid {self.proc.pid}) did not fork it within {FORK_TIMEOUT_S:.0f}s; see {self.log}. {NO_FORK_HINT}"
+            ) from None
         except BrokenPipeError:
             self._lose()
             raise RuntimeError(f"cannot start {what}: {self.lost}") from None
@@ -177,8 +183,7 @@ class LocalLauncher:
     node_is_one_step = False  # each worker is its own process: killing one leaves its node's others
     measures_identity = True  # from /proc
 
-    def __init__(self, nodes: int, spare_nodes: int, max_refills: int, bind_host: str, threads: int, log_dir: str, secret: str,
-                 relay_interval_s: Optional[float] = None) -> None:
+    def __init__(self, nodes: int, spare_nodes: int, max_refills: int, bind_host: str, threads: int, log_dir: str, secret: str, relay_interval_s: Optional[float] = None) -> None:
         self.nodes, self.spare_nodes, self.max_refills = nodes, spare_nodes, max_refills
         self.bind_host, self.threads, self.log_dir, self.secret = bind_host, threads, log_dir, secret
         self.relay_interval_s = relay_interval_s  # cluster.control=node: a relay process per node, summaries at this interval
@@ -267,7 +272,9 @@ class LocalLauncher:
                 proc: Any = await self._zygote.fork(args, self.log_path(wid), pgid, f"worker {wid} of node {name}")
             else:
                 with open(self.log_path(wid), "ab") as out:
-                    proc = await asyncio.create_subprocess_exec(*worker_argv.worker_command(args), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=pgid)
+                    proc = await asyncio.create_subprocess_exec(
+                        *worker_argv.worker_command(args), stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env, process_group=pgid
+                    )
             pgid = pgid or proc.pid
             self._procs[wid] = proc
             self._launched[wid] = proc_identity(proc.pid)

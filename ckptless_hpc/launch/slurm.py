@@ -368,4 +368,3 @@ class SlurmLauncher:
                 await asyncio.wait_for(t, timeout=10)
             except asyncio.TimeoutError:
                 pass
-

@@ -55,8 +55,15 @@ class EventLog:
         return cls(RunPaths(run_dir).events, job, clock, on_error)
 
     def emit(
-        self, event: str, *, gen: Optional[int] = None, rank: Optional[int] = None, node: Optional[str] = None, step: Optional[int] = None,
-        at: Optional[float] = None, **fields: Any,
+        self,
+        event: str,
+        *,
+        gen: Optional[int] = None,
+        rank: Optional[int] = None,
+        node: Optional[str] = None,
+        step: Optional[int] = None,
+        at: Optional[float] = None,
+        **fields: Any,
     ) -> Dict[str, Any]:
         """Append one event; ``at`` is when it happened (default now), so that an event and the
         figures computed from the same instant carry one time."""
@@ -72,7 +79,7 @@ class EventLog:
         try:
             view = memoryview(data)
             while view:  # a short write (the disk filled up mid-line) is followed by the real error
-                view = view[os.write(self._fd, view):]
+                view = view[os.write(self._fd, view) :]
         except OSError as e:
             self.error = f"cannot write {self.path}: {write_failure(e, self.path)}; the events after this one are not recorded"
             self.close()

@@ -241,9 +241,18 @@ def progress(events: Sequence[Event], steps_total: Optional[int], now: float) ->
                     role[w] = "dead"
     age = now - float(events[-1]["time"]) if events else None
     return Progress(
-        phase, step, steps_total, loss, gen, world,
-        sum(1 for r in role.values() if r == "active"), sum(1 for r in role.values() if r == "spare"),
-        recoveries, failures, age, finished,
+        phase,
+        step,
+        steps_total,
+        loss,
+        gen,
+        world,
+        sum(1 for r in role.values() if r == "active"),
+        sum(1 for r in role.values() if r == "spare"),
+        recoveries,
+        failures,
+        age,
+        finished,
     )
 
 
@@ -366,10 +375,22 @@ def _from_summary(events: Sequence[Event], recs: List[Dict[str, Any]]) -> List[R
             t_fail = (float(det[0]["time"]) if det else 0.0) - r["detect_s"]
         views.append(
             RecoveryView(
-                i + 1, r["gen"], list(r["failed_ranks"]), list(r["failed_nodes"]), list(r["failed_workers"]),
-                dict(r.get("replacements") or {}), list(r.get("reasons") or []), r.get("target_step"),
-                r["detect_s"], r["reconfigure_s"], r["transfer_s"], r["resume_s"], r["downtime_s"],
-                int(r.get("bytes_transferred") or 0), int(r.get("survivors_restarted") or 0), t_fail,
+                i + 1,
+                r["gen"],
+                list(r["failed_ranks"]),
+                list(r["failed_nodes"]),
+                list(r["failed_workers"]),
+                dict(r.get("replacements") or {}),
+                list(r.get("reasons") or []),
+                r.get("target_step"),
+                r["detect_s"],
+                r["reconfigure_s"],
+                r["transfer_s"],
+                r["resume_s"],
+                r["downtime_s"],
+                int(r.get("bytes_transferred") or 0),
+                int(r.get("survivors_restarted") or 0),
+                t_fail,
                 fault=_fault_before(events, t_fail + r["detect_s"], t_fail),
             )
         )
@@ -398,12 +419,23 @@ def _from_events(events: Sequence[Event]) -> List[RecoveryView]:
             ready = t_ready - t_detect
             views.append(
                 RecoveryView(
-                    len(views) + 1, gen, sorted({p["rank"] for p in pending if p.get("rank") is not None}),
-                    sorted({p["node"] for p in pending}), [p["worker"] for p in pending],
-                    {str(k): v for k, v in (e.get("replacements") or {}).items()}, [p.get("reason", "") for p in pending],
-                    e.get("step"), round(t_detect - t_fail, 4), round(max(ready - transfer, 0.0), 4), round(transfer, 4),
-                    round(t_res - t_ready, 4) if t_res else 0.0, round(t_res - t_fail, 4) if t_res else 0.0,
-                    int(e.get("bytes") or 0), 0, t_fail, fault=fault,
+                    len(views) + 1,
+                    gen,
+                    sorted({p["rank"] for p in pending if p.get("rank") is not None}),
+                    sorted({p["node"] for p in pending}),
+                    [p["worker"] for p in pending],
+                    {str(k): v for k, v in (e.get("replacements") or {}).items()},
+                    [p.get("reason", "") for p in pending],
+                    e.get("step"),
+                    round(t_detect - t_fail, 4),
+                    round(max(ready - transfer, 0.0), 4),
+                    round(transfer, 4),
+                    round(t_res - t_ready, 4) if t_res else 0.0,
+                    round(t_res - t_fail, 4) if t_res else 0.0,
+                    int(e.get("bytes") or 0),
+                    0,
+                    t_fail,
+                    fault=fault,
                 )
             )
             pending = []

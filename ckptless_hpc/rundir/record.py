@@ -129,7 +129,7 @@ def atomic_write(path: str, data: bytes, mode: int = 0o666) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -31,19 +31,15 @@ class SlurmCommandError(RuntimeError):
         self.stderr = stderr
 
 
-def run(argv: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S,
-        env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(argv: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run one Slurm command; raise `SlurmCommandError` unless it exits 0."""
     child_env = None if env is None else {**os.environ, **env}
     try:
-        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
-                              env=child_env, stdin=subprocess.DEVNULL, check=False)
+        done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, env=child_env, stdin=subprocess.DEVNULL, check=False)
     except FileNotFoundError:
-        raise SlurmCommandError(argv, f"failed: {argv[0]} not found. HINT: install the Slurm "
-                                "client tools or put them on PATH") from None
+        raise SlurmCommandError(argv, f"failed: {argv[0]} not found. HINT: install the Slurm client tools or put them on PATH") from None
     except subprocess.TimeoutExpired:
-        raise SlurmCommandError(argv, f"timed out after {timeout_s} s. HINT: is slurmctld "
-                                "overloaded or down? check `scontrol ping`") from None
+        raise SlurmCommandError(argv, f"timed out after {timeout_s} s. HINT: is slurmctld overloaded or down? check `scontrol ping`") from None
     if done.returncode != 0:
         stderr = done.stderr.strip()
         detail = stderr or done.stdout.strip() or "(no output)"
@@ -51,8 +47,7 @@ def run(argv: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S,
     return done
 
 
-def live_nodes(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-               env: Mapping[str, str] | None = None) -> list[str]:
+def live_nodes(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> list[str]:
     """The nodes the job holds now (one squeue call); [] while pending.
 
     Unlike SLURM_JOB_NODELIST this drops nodes lost or downed since the job started.
@@ -61,20 +56,17 @@ def live_nodes(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
     return expand_nodelist(done.stdout.strip())
 
 
-def down_node(node: str, reason: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-              env: Mapping[str, str] | None = None) -> None:
+def down_node(node: str, reason: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> None:
     """Set NODE down now: its steps end at once and it leaves every running job."""
     run(render.scontrol_down_argv(node, reason), timeout_s=timeout_s, env=env)
 
 
-def drain_node(node: str, reason: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-               env: Mapping[str, str] | None = None) -> None:
+def drain_node(node: str, reason: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> None:
     """Drain NODE: Slurm places no new job (our requeued one included) on it."""
     run(render.scontrol_drain_argv(node, reason), timeout_s=timeout_s, env=env)
 
 
-def cancel_step(job_id: str, step_id: int, *, signal: str = "KILL", timeout_s: float = DEFAULT_TIMEOUT_S,
-                env: Mapping[str, str] | None = None) -> None:
+def cancel_step(job_id: str, step_id: int, *, signal: str = "KILL", timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> None:
     """Signal every task of step JOB.STEP (SIGKILL by default)."""
     run(render.scancel_step_argv(job_id, step_id, signal), timeout_s=timeout_s, env=env)
 
@@ -82,8 +74,7 @@ def cancel_step(job_id: str, step_id: int, *, signal: str = "KILL", timeout_s: f
 EXIT_NOT_EXCLUDED = 99  # render.requeue_excluding_argv: requeued, the exclusion refused
 
 
-def requeue(job_id: str, exclude: Sequence[str] = (), *, timeout_s: float = DEFAULT_TIMEOUT_S,
-            env: Mapping[str, str] | None = None) -> str | None:
+def requeue(job_id: str, exclude: Sequence[str] = (), *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> str | None:
     """Requeue the job (it restarts with SLURM_RESTART_COUNT + 1) and keep it off the nodes in
     ``exclude`` (its ExcNodeList, set as it turns pending again). Returns None, or a warning
     when the job was requeued but Slurm refused the exclusion; raises when it was not requeued.
@@ -93,13 +84,14 @@ def requeue(job_id: str, exclude: Sequence[str] = (), *, timeout_s: float = DEFA
     except SlurmCommandError as e:
         if e.returncode != EXIT_NOT_EXCLUDED:
             raise
-        return (f"job {job_id} requeued, but its ExcNodeList could not be set to {sorted(exclude)} ({e.stderr or e}); "
-                "the restarted job still never uses those nodes, it may only be given them")
+        return (
+            f"job {job_id} requeued, but its ExcNodeList could not be set to {sorted(exclude)} ({e.stderr or e}); "
+            "the restarted job still never uses those nodes, it may only be given them"
+        )
     return None
 
 
-def job_states(job_ids: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S,
-               env: Mapping[str, str] | None = None) -> dict[str, str]:
+def job_states(job_ids: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> dict[str, str]:
     """job id -> state for every job squeue still lists, in one call ({} when it knows none)."""
     if not job_ids:
         return {}
@@ -116,8 +108,7 @@ def cancel_job(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mappin
     run(render.scancel_argv(job_id), timeout_s=timeout_s, env=env)
 
 
-def job_state(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S,
-              env: Mapping[str, str] | None = None) -> str | None:
+def job_state(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> str | None:
     """PENDING, RUNNING, COMPLETING, COMPLETED, ...; None when Slurm no longer knows it.
 
     squeue first; `scontrol show job` for jobs squeue does not list (no sacct on the
@@ -149,13 +140,20 @@ def parse_job_field(show_job: str, field: str) -> str | None:
     prefix = field + "="
     for token in show_job.split():
         if token.startswith(prefix):
-            return token[len(prefix):]
+            return token[len(prefix) :]
     return None
 
 
-def update_pending_job(job_id: str, exclude: Sequence[str] = (), num_nodes: int | None = None,
-                       start_in_s: int | None = 2, *, wait_pending_s: float = 30.0,
-                       timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> None:
+def update_pending_job(
+    job_id: str,
+    exclude: Sequence[str] = (),
+    num_nodes: int | None = None,
+    start_in_s: int | None = 2,
+    *,
+    wait_pending_s: float = 30.0,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+) -> None:
     """Wait until the job is PENDING (e.g. after a requeue), then update it.
 
     Waiting matters: while the job is still COMPLETING, a StartTime set on it is silently
@@ -166,8 +164,7 @@ def update_pending_job(job_id: str, exclude: Sequence[str] = (), num_nodes: int 
     run(argv, timeout_s=timeout_s, env=env)
 
 
-def wait_for_state(job_id: str, wanted: str, *, within_s: float, timeout_s: float = DEFAULT_TIMEOUT_S,
-                   env: Mapping[str, str] | None = None) -> None:
+def wait_for_state(job_id: str, wanted: str, *, within_s: float, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> None:
     """Poll `job_state` (backing off 0.1 s -> 1 s) until it is WANTED."""
     deadline = time.monotonic() + within_s
     pause_s, state = 0.1, None
@@ -176,8 +173,7 @@ def wait_for_state(job_id: str, wanted: str, *, within_s: float, timeout_s: floa
         if state == wanted:
             return
         if time.monotonic() >= deadline:
-            raise TimeoutError(f"job {job_id} is {state}, not {wanted}, after {within_s} s. "
-                               "HINT: check `scontrol show job` for its Reason")
+            raise TimeoutError(f"job {job_id} is {state}, not {wanted}, after {within_s} s. HINT: check `scontrol show job` for its Reason")
         time.sleep(pause_s)
         pause_s = min(pause_s * 2, 1.0)
 

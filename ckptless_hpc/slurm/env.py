@@ -41,10 +41,7 @@ class SlurmEnvironment:
         """The job id, or a ValueError that says how to get one."""
         job_id = self.job_id
         if job_id is None:
-            raise ValueError(
-                "SLURM_JOB_ID is not set: this process is not inside a Slurm job. "
-                "HINT: run it from an sbatch script or srun, or use cluster=local."
-            )
+            raise ValueError("SLURM_JOB_ID is not set: this process is not inside a Slurm job. HINT: run it from an sbatch script or srun, or use cluster=local.")
         return job_id
 
     @property
@@ -112,10 +109,7 @@ def _parse_int(name: str, value: str) -> int:
     except ValueError:
         number = -1
     if number < 0:
-        raise ValueError(
-            f"{name} must be a non-negative integer, saw {value!r}. "
-            f"HINT: unset {name} or let Slurm set it; do not export it by hand."
-        )
+        raise ValueError(f"{name} must be a non-negative integer, saw {value!r}. HINT: unset {name} or let Slurm set it; do not export it by hand.")
     return number
 
 
@@ -187,9 +181,7 @@ def _check_name(name: str, nodelist: str) -> None:
 
 def _nodelist_error(nodelist: str, what: str) -> ValueError:
     return ValueError(
-        f"cannot expand Slurm node list {nodelist!r}: {what}. "
-        "HINT: expected names or bracket ranges such as 'n[1-3,5],gpu[01-02]' "
-        "(what `scontrol show hostnames` accepts)."
+        f"cannot expand Slurm node list {nodelist!r}: {what}. HINT: expected names or bracket ranges such as 'n[1-3,5],gpu[01-02]' (what `scontrol show hostnames` accepts)."
     )
 
 
@@ -205,10 +197,7 @@ def compress_nodelist(names: Iterable[str]) -> str:
     padded = _padded_widths(names)
     for name in names:
         if not isinstance(name, str) or not _NAME_RE.match(name):
-            raise ValueError(
-                f"cannot compress node names: bad node name {name!r}. "
-                "HINT: pass single node names such as 'n1', not lists like 'n[1-2]' or 'n1,n2'."
-            )
+            raise ValueError(f"cannot compress node names: bad node name {name!r}. HINT: pass single node names such as 'n1', not lists like 'n[1-2]' or 'n1,n2'.")
         match = _TAIL_NUM_RE.match(name)
         if match is None:
             plain.add(name)

@@ -87,7 +87,9 @@ def restore(nodes: List[str], within_s: float = 60.0, env: Optional[Dict[str, st
         if not bad:
             return states
         if time.monotonic() > deadline:
-            raise ClusterError(f"nodes not idle after {within_s:.0f} s: {({n: states.get(n) for n in bad})}. HINT: see {cluster_dir()}/log, or restart with tests/slurm_cluster/down.sh and up.sh 4")
+            raise ClusterError(
+                f"nodes not idle after {within_s:.0f} s: { ({n: states.get(n) for n in bad}) }. HINT: see {cluster_dir()}/log, or restart with tests/slurm_cluster/down.sh and up.sh 4"
+            )
         for n in bad:
             st = states.get(n, "")
             if "*" in st or st.startswith("unk"):  # its slurmd does not answer
@@ -102,7 +104,7 @@ def read_env_sh(path: Path) -> Dict[str, str]:
     env = {}
     for line in path.read_text().splitlines():
         if line.startswith("export ") and "=" in line:
-            key, value = line[len("export "):].split("=", 1)
+            key, value = line[len("export ") :].split("=", 1)
             env[key.strip()] = value.strip()
     if "SLURM_CONF" not in env:
         raise ClusterError(f"{path} exports no SLURM_CONF. HINT: rerun {SCRIPTS / 'up.sh'}")

@@ -98,7 +98,8 @@ def _validate_shape(shape: SlurmShape) -> None:
     _check_int("signal_delay_s", shape.signal_delay_s, minimum=0)
     if shape.signal_delay_s >= shape.time_min * 60:
         raise _field_error(
-            "signal_delay_s", shape.signal_delay_s,
+            "signal_delay_s",
+            shape.signal_delay_s,
             f"it must be shorter than time_min ({shape.time_min} min = {shape.time_min * 60} s)",
         )
     for name in ("partition", "account", "qos", "constraint"):
@@ -110,7 +111,8 @@ def _validate_shape(shape: SlurmShape) -> None:
     _check_one_line("output_dir", shape.output_dir)
     if "%" in shape.output_dir:
         raise _field_error(
-            "output_dir", shape.output_dir,
+            "output_dir",
+            shape.output_dir,
             "Slurm expands '%' in output paths (%j, %N, ...): choose a directory without '%'",
         )
     _check_additional(shape.additional)
@@ -204,8 +206,7 @@ def sbatch_script(shape: SlurmShape, command: Sequence[str]) -> str:
     Setup lines are shell code and go in verbatim.
     """
     if not command:
-        raise _field_error("command", list(command),
-                           "give the coordinator command, e.g. ['python', '-m', 'ckptless_hpc']")
+        raise _field_error("command", list(command), "give the coordinator command, e.g. ['python', '-m', 'ckptless_hpc']")
     lines = ["#!/bin/bash", *sbatch_header(shape), ""]
     if shape.setup:
         lines += ["# setup", *shape.setup, ""]
@@ -248,8 +249,7 @@ def srun_worker_argv(
     _check_int("cpus_per_task", cpus_per_task, minimum=0)
     _check_int("immediate_s", immediate_s, minimum=1)
     if not command:
-        raise _field_error("command", list(command),
-                           "give the worker command, e.g. ['python', '-m', 'ckptless_hpc.worker']")
+        raise _field_error("command", list(command), "give the worker command, e.g. ['python', '-m', 'ckptless_hpc.worker']")
     argv = ["srun", "--nodes=1", f"--ntasks={ntasks}", f"--ntasks-per-node={ntasks}", f"--nodelist={node}"]
     argv += [f"--immediate={immediate_s}", "--kill-on-bad-exit=0"]
     if job_id is not None:
@@ -284,8 +284,7 @@ def scontrol_down_argv(node: str, reason: str) -> list[str]:
     _check_node(node, "node")
     _check_one_line("reason", reason)
     if not reason.strip():
-        raise _field_error("reason", reason,
-                           "Slurm requires a reason to down a node, e.g. 'ckptless: heartbeat lost'")
+        raise _field_error("reason", reason, "Slurm requires a reason to down a node, e.g. 'ckptless: heartbeat lost'")
     return ["scontrol", "update", f"nodename={node}", "state=down", f"reason={reason}"]
 
 

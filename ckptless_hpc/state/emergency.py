@@ -90,7 +90,7 @@ def read(path: str, sha256: Optional[str] = None) -> Tuple[Entries, Dict[str, An
 
 
 def _checked(path: str, sha256: Optional[str]) -> Tuple[Entries, Dict[str, Any], str]:
-    hint = "HINT: a damaged copy is never loaded; restore the file from a backup, or start the job afresh without it (remove the \"saved\" entry from RUN_DIR/restart.json)"
+    hint = 'HINT: a damaged copy is never loaded; restore the file from a backup, or start the job afresh without it (remove the "saved" entry from RUN_DIR/restart.json)'
     if not os.path.exists(path):
         raise EmergencyCopyError(f"the emergency copy {path} is missing. {hint}")
     try:

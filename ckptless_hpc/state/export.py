@@ -62,7 +62,9 @@ def full_model(shards: Sequence[Tuple[List[Tuple[str, torch.Tensor]], Dict[str, 
         keys = {n.split(".", 1)[1] if n.startswith("model.") else n.split("/", 1)[1]: n for n in whole}
     missing = sorted(k for k, n in keys.items() if n not in whole)
     if missing:
-        raise ExportError(f"the saved state lacks {len(missing)} tensor(s) of the model ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}). HINT: export a complete copy (every shard file)")
+        raise ExportError(
+            f"the saved state lacks {len(missing)} tensor(s) of the model ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}). HINT: export a complete copy (every shard file)"
+        )
     return {k: whole[n].clone() for k, n in keys.items()}
 
 
@@ -91,7 +93,9 @@ def shard_files(path: str) -> Tuple[List[str], Optional[Dict[str, Any]]]:
     saved = _newest_periodic(path) or _restart_copy(path)
     if saved is not None:
         return shard_files(saved)
-    raise ExportError(f"no saved state at {path} (no final/state/{INDEX}, no saved/step*/{INDEX}, no shard files, no copy named in restart.json). HINT: train.save_final=true leaves RUN_DIR/final")
+    raise ExportError(
+        f"no saved state at {path} (no final/state/{INDEX}, no saved/step*/{INDEX}, no shard files, no copy named in restart.json). HINT: train.save_final=true leaves RUN_DIR/final"
+    )
 
 
 def _newest_periodic(run_dir: str) -> Optional[str]:

@@ -62,8 +62,17 @@ class Fetched:
     attempts: int
 
 
-def fetch(sources: Sequence[Source], secret: str, want: Want, timeout_s: float, arena: Optional[Arena] = None, parallel: int = 4,
-          on_error: Optional[OnError] = None, before_attempt: Optional[Callable[[], None]] = None, rounds: int = ROUNDS) -> Fetched:
+def fetch(
+    sources: Sequence[Source],
+    secret: str,
+    want: Want,
+    timeout_s: float,
+    arena: Optional[Arena] = None,
+    parallel: int = 4,
+    on_error: Optional[OnError] = None,
+    before_attempt: Optional[Callable[[], None]] = None,
+    rounds: int = ROUNDS,
+) -> Fetched:
     """``want`` (a part; its index/of are set here) from ``sources``, in ``groups_for`` groups at
     once; raises TransferError naming every failed attempt when a group could not be had."""
     if not sources:

@@ -119,9 +119,7 @@ class ShardPlan:
     holders_at_target: Dict[int, List[str]] = field(default_factory=dict)  # shard id -> workers
 
 
-def plan_shards(
-    ranks: Mapping[int, str], shard_of_rank: Mapping[int, int], inventories: Mapping[str, Inventory], max_sources: int = 4
-) -> Tuple[Optional[ShardPlan], str]:
+def plan_shards(ranks: Mapping[int, str], shard_of_rank: Mapping[int, int], inventories: Mapping[str, Inventory], max_sources: int = 4) -> Tuple[Optional[ShardPlan], str]:
     """The newest step at which every shard is held by a surviving worker, and for every rank
     whose worker does not hold its own shard at that step, the workers to fetch it from
     (spread: the i-th fetcher starts at the i-th holder). ``inventories`` holds the survivors

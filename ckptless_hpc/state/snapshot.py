@@ -37,7 +37,11 @@ def byte_view(t: torch.Tensor) -> memoryview:
 
 
 def collect_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, step: int, extra: Optional[Dict[str, Any]] = None,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    task: Any,
+    step: int,
+    extra: Optional[Dict[str, Any]] = None,
     model_keys: Optional[Set[str]] = None,
 ) -> Tuple[Entries, Dict[str, Any]]:
     """Views of the live state (no copies) in canonical order, plus metadata (``extra`` holds the
@@ -74,9 +78,7 @@ def plain_meta(meta: Dict[str, Any]) -> Dict[str, Any]:
         ) from None
 
 
-def apply_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, entries: Entries, meta: Dict[str, Any], model_keys: Optional[Set[str]] = None
-) -> None:
+def apply_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: Any, entries: Entries, meta: Dict[str, Any], model_keys: Optional[Set[str]] = None) -> None:
     """Load a received state into a built model/optimizer/task (the inverse of collect_state;
     ``model_keys``: the shard of the model's state dict it holds, exactly)."""
     apply_model_state(model, task, [e for e in entries if not e[0].startswith("optim.")], meta, model_keys)

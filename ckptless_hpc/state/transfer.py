@@ -230,7 +230,9 @@ class StateServer:
         self._sock = socket.create_server((bind_host, 0), backlog=64)
         self.host = bind_host
         self.port = self._sock.getsockname()[1]
-        self._listener = Listener(self._sock, secret, self._serve, f"{describe}state server {bind_host}:{self.port}", MAX_HANDSHAKES, MAX_CONNECTIONS, HANDSHAKE_TIMEOUT_S, self._rejected)
+        self._listener = Listener(
+            self._sock, secret, self._serve, f"{describe}state server {bind_host}:{self.port}", MAX_HANDSHAKES, MAX_CONNECTIONS, HANDSHAKE_TIMEOUT_S, self._rejected
+        )
         self._listener.start()  # once assigned: a handler may use it at once
 
     @property
@@ -316,9 +318,7 @@ def _connect(host: str, port: int, secret: str, timeout_s: float, what: str) -> 
     return sock
 
 
-def fetch_state(
-    host: str, port: int, secret: str, gen: int, step: int, timeout_s: float, arena: Optional[Arena] = None, shard: Optional[int] = None
-) -> Received:
+def fetch_state(host: str, port: int, secret: str, gen: int, step: int, timeout_s: float, arena: Optional[Arena] = None, shard: Optional[int] = None) -> Received:
     """Fetch (gen, step) -- of shard ``shard`` for sharded state -- from a peer's StateServer;
     raises TransferError on any problem."""
     if arena is not None:

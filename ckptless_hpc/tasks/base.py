@@ -17,7 +17,13 @@ from typing import Any
 import torch
 
 __all__ = [
-    "Task", "lr_at", "mix_seed", "derive_generator", "num_parameters", "check_int", "format_count",
+    "Task",
+    "lr_at",
+    "mix_seed",
+    "derive_generator",
+    "num_parameters",
+    "check_int",
+    "format_count",
 ]
 
 _MASK63 = (1 << 63) - 1
@@ -30,9 +36,7 @@ def mix_seed(*ints: int) -> int:
     not a mixing function for ints). Order matters: ``mix_seed(1, 2) != mix_seed(2, 1)``.
     """
     text = ",".join(str(operator.index(i)) for i in ints)
-    digest = hashlib.blake2b(
-        text.encode("ascii"), digest_size=8, person=b"ckptless_seed"
-    ).digest()
+    digest = hashlib.blake2b(text.encode("ascii"), digest_size=8, person=b"ckptless_seed").digest()
     return int.from_bytes(digest, "little") & _MASK63
 
 
@@ -47,9 +51,7 @@ def derive_generator(generator: torch.Generator, *ints: int) -> torch.Generator:
     return torch.Generator().manual_seed(mix_seed(draw, *ints))
 
 
-def lr_at(
-    step: int, *, lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float
-) -> float:
+def lr_at(step: int, *, lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
     """Learning rate of optimizer step ``step`` (0-based): a pure function of its arguments.
 
     Linear warmup ``lr * (step + 1) / warmup_steps`` for ``step < warmup_steps`` (so the
@@ -59,18 +61,11 @@ def lr_at(
     if step < 0:
         raise ValueError(f"step={step} must be >= 0. HINT: steps are counted from 0.")
     if warmup_steps < 0:
-        raise ValueError(
-            f"optim.warmup_steps={warmup_steps} must be >= 0. HINT: use 0 for no warmup."
-        )
+        raise ValueError(f"optim.warmup_steps={warmup_steps} must be >= 0. HINT: use 0 for no warmup.")
     if total_steps <= 0:
-        raise ValueError(
-            f"total_steps={total_steps} must be > 0. HINT: set the run's total step count."
-        )
+        raise ValueError(f"total_steps={total_steps} must be > 0. HINT: set the run's total step count.")
     if not 0.0 <= min_lr_ratio <= 1.0:
-        raise ValueError(
-            f"optim.min_lr_ratio={min_lr_ratio} must be in [0, 1]. "
-            "HINT: 0.1 decays to a tenth of optim.lr; 1.0 keeps the LR constant."
-        )
+        raise ValueError(f"optim.min_lr_ratio={min_lr_ratio} must be in [0, 1]. HINT: 0.1 decays to a tenth of optim.lr; 1.0 keeps the LR constant.")
     if step < warmup_steps:
         return lr * (step + 1) / warmup_steps
     decay_steps = max(1, total_steps - warmup_steps)
@@ -170,7 +165,5 @@ def format_count(n: int) -> str:
 def check_int(field: str, value: Any, *, minimum: int = 1, hint: str) -> int:
     """Validate an integer task argument; ValueError names the field, the value and a hint."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"task.{field}={value!r} must be an integer >= {minimum}. HINT: {hint}"
-        )
+        raise ValueError(f"task.{field}={value!r} must be an integer >= {minimum}. HINT: {hint}")
     return value

@@ -23,25 +23,16 @@ def load_corpus() -> torch.Tensor:
 
     The tensor is shared by every caller: treat it as read-only.
     """
-    data = (
-        importlib.resources.files("ckptless_hpc.tasks")
-        .joinpath(CORPUS_RESOURCE)
-        .read_bytes()
-    )
+    data = importlib.resources.files("ckptless_hpc.tasks").joinpath(CORPUS_RESOURCE).read_bytes()
     if not data:
-        raise ValueError(
-            f"corpus resource {CORPUS_RESOURCE!r} is empty. "
-            "HINT: reinstall ckptless_hpc; the wheel must include ckptless_hpc/tasks/data/*."
-        )
+        raise ValueError(f"corpus resource {CORPUS_RESOURCE!r} is empty. HINT: reinstall ckptless_hpc; the wheel must include ckptless_hpc/tasks/data/*.")
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def corpus_splits(val_fraction: float = VAL_FRACTION) -> tuple[torch.Tensor, torch.Tensor]:
     """(train, val) views of the corpus: the first ``1 - val_fraction`` of the bytes, the rest."""
     if not 0.0 < val_fraction < 1.0:
-        raise ValueError(
-            f"val_fraction={val_fraction} must be in (0, 1). HINT: the default is {VAL_FRACTION}."
-        )
+        raise ValueError(f"val_fraction={val_fraction} must be in (0, 1). HINT: the default is {VAL_FRACTION}.")
     data = load_corpus()
     cut = int(len(data) * (1.0 - val_fraction))
     return data[:cut], data[cut:]

@@ -36,9 +36,7 @@ class _Block(nn.Module):
         b, t, d = x.shape
         qkv = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, d // self.n_heads)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [b, heads, t, head_dim]
-        att = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, t, d)))
         return x + self.drop(self.fc2(F.gelu(self.fc1(self.ln2(x)))))
 
@@ -47,7 +45,12 @@ class ByteTransformer(nn.Module):
     """Token + learned position embeddings, pre-LN blocks, final LN, (tied) output head."""
 
     def __init__(
-        self, d_model: int, n_layers: int, n_heads: int, seq_len: int, dropout: float,
+        self,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        seq_len: int,
+        dropout: float,
         tie_embeddings: bool,
     ) -> None:
         super().__init__()
@@ -76,10 +79,7 @@ class ByteTransformer(nn.Module):
         """Logits [b, t, 256] for byte ids ``idx`` [b, t] (t <= seq_len)."""
         t = idx.shape[1]
         if t > self.seq_len:
-            raise ValueError(
-                f"input length {t} exceeds task.seq_len={self.seq_len}. "
-                "HINT: raise task.seq_len or feed shorter windows."
-            )
+            raise ValueError(f"input length {t} exceeds task.seq_len={self.seq_len}. HINT: raise task.seq_len or feed shorter windows.")
         pos = torch.arange(t, device=idx.device)
         x = self.drop(self.tok(idx) + self.pos(pos))
         for block in self.blocks:
@@ -120,47 +120,33 @@ class LMTask(Task):
         vocab: str = "byte",
         tie_embeddings: bool = True,
     ) -> None:
-        self.d_model = check_int(
-            "d_model", d_model, hint="e.g. 128 (default), 384 (~10M), 768 (~100M)."
-        )
-        self.n_layers = check_int(
-            "n_layers", n_layers, hint="e.g. 2 (default), 6 (~10M), 14 (~100M)."
-        )
+        self.d_model = check_int("d_model", d_model, hint="e.g. 128 (default), 384 (~10M), 768 (~100M).")
+        self.n_layers = check_int("n_layers", n_layers, hint="e.g. 2 (default), 6 (~10M), 14 (~100M).")
         self.n_heads = check_int("n_heads", n_heads, hint="a divisor of task.d_model, e.g. 4.")
         if self.d_model % self.n_heads:
-            raise ValueError(
-                f"task.n_heads={n_heads} must divide task.d_model={d_model}. "
-                f"HINT: pick n_heads so that d_model / n_heads is an integer head size (e.g. 64)."
-            )
+            raise ValueError(f"task.n_heads={n_heads} must divide task.d_model={d_model}. HINT: pick n_heads so that d_model / n_heads is an integer head size (e.g. 64).")
         self.seq_len = check_int("seq_len", seq_len, hint="context length in bytes, e.g. 64.")
         self.batch_size = check_int("batch_size", batch_size, hint="per-rank micro-batch size.")
-        if (
-            isinstance(dropout, bool)
-            or not isinstance(dropout, (int, float))
-            or not 0.0 <= dropout < 1.0
-        ):
-            raise ValueError(
-                f"task.dropout={dropout!r} must be a float in [0, 1). HINT: 0.0 disables dropout."
-            )
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
+            raise ValueError(f"task.dropout={dropout!r} must be a float in [0, 1). HINT: 0.0 disables dropout.")
         self.dropout = float(dropout)
         if vocab != "byte":
-            raise ValueError(
-                f"task.vocab={vocab!r} is not supported. HINT: only 'byte' (256 tokens) exists."
-            )
+            raise ValueError(f"task.vocab={vocab!r} is not supported. HINT: only 'byte' (256 tokens) exists.")
         self.vocab = vocab
         self.tie_embeddings = bool(tie_embeddings)
         self._train, self._val = corpus_splits()
         shortest = min(len(self._train), len(self._val))
         if self.seq_len + 1 > shortest:
-            raise ValueError(
-                f"task.seq_len={seq_len} is too long for the corpus split of {shortest} bytes. "
-                f"HINT: use task.seq_len <= {shortest - 1}."
-            )
+            raise ValueError(f"task.seq_len={seq_len} is too long for the corpus split of {shortest} bytes. HINT: use task.seq_len <= {shortest - 1}.")
         self._offsets = torch.arange(self.seq_len + 1)
 
     def build_model(self) -> nn.Module:
         return ByteTransformer(
-            self.d_model, self.n_layers, self.n_heads, self.seq_len, self.dropout,
+            self.d_model,
+            self.n_layers,
+            self.n_heads,
+            self.seq_len,
+            self.dropout,
             self.tie_embeddings,
         )
 
@@ -178,9 +164,7 @@ class LMTask(Task):
         ``split="val"`` draws the windows from the validation split instead.
         """
         if split not in ("train", "val"):
-            raise ValueError(
-                f"split={split!r} must be 'train' or 'val'. HINT: the default is 'train'."
-            )
+            raise ValueError(f"split={split!r} must be 'train' or 'val'. HINT: the default is 'train'.")
         data = self._train if split == "train" else self._val
         g = derive_generator(generator, step, rank, world)
         starts = torch.randint(0, len(data) - self.seq_len, (self.batch_size,), generator=g)

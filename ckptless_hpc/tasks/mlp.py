@@ -34,9 +34,7 @@ class MLPTask(Task):
         self.input_dim = check_int("input_dim", input_dim, hint=hint)
         self.hidden = check_int("hidden", hidden, hint=hint)
         self.layers = check_int("layers", layers, minimum=0, hint="0 gives a linear model.")
-        self.classes = check_int(
-            "classes", classes, minimum=2, hint="a classifier needs at least 2 classes."
-        )
+        self.classes = check_int("classes", classes, minimum=2, hint="a classifier needs at least 2 classes.")
         self.batch_size = check_int("batch_size", batch_size, hint="per-rank micro-batch size.")
         teacher_gen = torch.Generator().manual_seed(TEACHER_SEED)
         self._teacher = torch.randn(self.input_dim, self.classes, generator=teacher_gen)
@@ -49,18 +47,14 @@ class MLPTask(Task):
         mods.append(torch.nn.Linear(dims[-1], self.classes))
         return torch.nn.Sequential(*mods)
 
-    def batch(
-        self, step: int, rank: int, world: int, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(self, step: int, rank: int, world: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs [batch_size, input_dim] float32, labels [batch_size] int64)."""
         g = derive_generator(generator, step, rank, world)
         x = torch.randn(self.batch_size, self.input_dim, generator=g)
         y = (x @ self._teacher).argmax(dim=1)
         return x, y
 
-    def loss(
-        self, model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
-    ) -> torch.Tensor:
+    def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
         device = next(model.parameters()).device
         return F.cross_entropy(model(x.to(device)), y.to(device))

@@ -338,7 +338,7 @@ def cmd_logs(args: argparse.Namespace, out: TextIO, procs: LocalProcs) -> int:
     texts = [(label, _read(path)) for label, path in srcs]
     lines = merge_logs(texts)
     if args.tail is not None:
-        lines = lines[-args.tail:] if args.tail > 0 else []
+        lines = lines[-args.tail :] if args.tail > 0 else []
     for line in lines:
         print(line, file=out)
     missing = [p for _, p in srcs if not os.path.exists(p)]
@@ -466,15 +466,29 @@ def _load_all(paths: Sequence[str]) -> List[Run]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Inspect and control ckptless_hpc runs. (Without one of these commands, ckptless-hpc runs a job: ckptless-hpc [hydra overrides])")
+    p = argparse.ArgumentParser(
+        prog=PROG, description="Inspect and control ckptless_hpc runs. (Without one of these commands, ckptless-hpc runs a job: ckptless-hpc [hydra overrides])"
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="{report,status,logs,cancel,export}")
-    r = sub.add_parser("report", help="text summary and PNG chart of a run; a comparison table of several", description="Text summary (recoveries and their phases, downtime, goodput, lost steps) and a PNG chart of a run; several run directories (or a Hydra sweep directory) give one comparison table and chart.")
+    r = sub.add_parser(
+        "report",
+        help="text summary and PNG chart of a run; a comparison table of several",
+        description="Text summary (recoveries and their phases, downtime, goodput, lost steps) and a PNG chart of a run; several run directories (or a Hydra sweep directory) give one comparison table and chart.",
+    )
     r.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory (hydra.run.dir), or a sweep directory holding run directories")
     r.add_argument("--out", metavar="PNG", help="where to write the chart (default: RUN_DIR/report.png; for several runs, report.png in their common directory)")
     r.add_argument("--no-chart", action="store_true", help="print the text only")
-    s = sub.add_parser("status", help="is the run running, completed or failed; where it stands", description="State of runs: completed/failed from summary.json; otherwise running/recovering/ended from events.jsonl and the coordinator process (local) or squeue (Slurm, one call for all runs).")
+    s = sub.add_parser(
+        "status",
+        help="is the run running, completed or failed; where it stands",
+        description="State of runs: completed/failed from summary.json; otherwise running/recovering/ended from events.jsonl and the coordinator process (local) or squeue (Slurm, one call for all runs).",
+    )
     s.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    lg = sub.add_parser("logs", help="the coordinator's log merged with one rank's log (rank 0 by default)", description="Show the coordinator log and one rank's worker log, merged by time. --rank R shows every worker that held rank R (a spare that replaced a failed worker takes its rank over).")
+    lg = sub.add_parser(
+        "logs",
+        help="the coordinator's log merged with one rank's log (rank 0 by default)",
+        description="Show the coordinator log and one rank's worker log, merged by time. --rank R shows every worker that held rank R (a spare that replaced a failed worker takes its rank over).",
+    )
     lg.add_argument("run_dir", metavar="RUN_DIR")
     who = lg.add_mutually_exclusive_group()
     who.add_argument("--rank", type=_nonneg_int, help="show the worker(s) that held this rank (default 0)")
@@ -482,11 +496,17 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("--gen", type=_nonneg_int, help="with --rank: only the worker that held it in this generation")
     lg.add_argument("--tail", type=_nonneg_int, metavar="N", help="only the last N lines")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends (Ctrl-C to stop)")
-    c = sub.add_parser("cancel", help="stop a running job", description="Stop a running job: SIGTERM to a local run's coordinator (its workers follow it), scancel for a Slurm job.")
+    c = sub.add_parser(
+        "cancel", help="stop a running job", description="Stop a running job: SIGTERM to a local run's coordinator (its workers follow it), scancel for a Slurm job."
+    )
     c.add_argument("run_dir", metavar="RUN_DIR")
     c.add_argument("--force", action="store_true", help="SIGKILL instead of SIGTERM (local)")
     c.add_argument("--timeout-s", type=float, default=15.0, help="how long to wait for the job to stop (default 15)")
-    x = sub.add_parser("export", help="the full model of a saved state, as one state_dict file", description="Write the model's full state_dict (unsharded) from a saved state: a run directory (its final state, else the copy its restart.json names), its final/ folder, a state folder (final, emergency; sharded or not) or a state file. Load it with model.load_state_dict(torch.load(PATH, weights_only=True)).")
+    x = sub.add_parser(
+        "export",
+        help="the full model of a saved state, as one state_dict file",
+        description="Write the model's full state_dict (unsharded) from a saved state: a run directory (its final state, else the copy its restart.json names), its final/ folder, a state folder (final, emergency; sharded or not) or a state file. Load it with model.load_state_dict(torch.load(PATH, weights_only=True)).",
+    )
     x.add_argument("path", metavar="RUN_DIR_OR_COPY")
     x.add_argument("--out", metavar="PT", default=MODEL, help=f"where to write it (default: {MODEL})")
     return p

@@ -103,10 +103,8 @@ def recovery_lines(r: RecoveryView) -> List[str]:
     return [
         f"  #{r.index} generation {r.gen}: {r.cause()}",
         f"      failed      ranks {r.failed_ranks} on {', '.join(r.failed_nodes)} ({', '.join(r.failed_workers)}); replaced: {swaps}",
-        f"      downtime    {_s(r.downtime_s)} s = detect {_s(r.detect_s)} + reconfigure {_s(r.reconfigure_s)}"
-        f" + transfer {_s(r.transfer_s)} + resume {_s(r.resume_s)}",
-        f"      lost work   resumed from committed step {r.target_step}; {r.rolled_back} committed step(s) rolled back;"
-        f" redone: {redone}",
+        f"      downtime    {_s(r.downtime_s)} s = detect {_s(r.detect_s)} + reconfigure {_s(r.reconfigure_s)} + transfer {_s(r.transfer_s)} + resume {_s(r.resume_s)}",
+        f"      lost work   resumed from committed step {r.target_step}; {r.rolled_back} committed step(s) rolled back; redone: {redone}",
         f"      state       {_mb(r.bytes_transferred)} moved peer-to-peer ({r.bytes_transferred} bytes); survivors restarted {r.survivors_restarted}",
     ]
 
@@ -144,8 +142,19 @@ def unrecovered_failures(run: Run, recs: Sequence[RecoveryView]) -> List[Dict[st
 
 # ------------------------------------------------------------------------------ sweep table
 TABLE_COLUMNS = (
-    "run", "status", "steps", "wall_s", "goodput", "recoveries", "downtime_s",
-    "detect_s", "reconfigure_s", "transfer_s", "resume_s", "MB_moved", "state",
+    "run",
+    "status",
+    "steps",
+    "wall_s",
+    "goodput",
+    "recoveries",
+    "downtime_s",
+    "detect_s",
+    "reconfigure_s",
+    "transfer_s",
+    "resume_s",
+    "MB_moved",
+    "state",
 )
 
 
@@ -260,10 +269,7 @@ def _plt() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise ChartUnavailable(
-            "matplotlib is not installed, so no chart can be drawn. HINT: pip install 'ckptless_hpc[report]' "
-            "(or pass --no-chart for the text alone)"
-        ) from None
+        raise ChartUnavailable("matplotlib is not installed, so no chart can be drawn. HINT: pip install 'ckptless_hpc[report]' (or pass --no-chart for the text alone)") from None
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
@@ -330,16 +336,27 @@ def run_chart(run: Run, out_png: str) -> str:
             ax.axvline(r.t_fail - ser.t0, color="#d62728", ls="--", lw=1.2)
         ax_loss.annotate(
             f"#{r.index} {_short_cause(r)}\n{1e3 * r.downtime_s:.0f} ms down",
-            xy=(r.t_fail - ser.t0, 1.0), xycoords=("data", "axes fraction"), xytext=(4, -4), textcoords="offset points",
-            ha="left", va="top", fontsize=9, color="#a00000",
+            xy=(r.t_fail - ser.t0, 1.0),
+            xycoords=("data", "axes fraction"),
+            xytext=(4, -4),
+            textcoords="offset points",
+            ha="left",
+            va="top",
+            fontsize=9,
+            color="#a00000",
             bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#d62728", alpha=0.9),
         )
     for q in requeues(run.events):
         for ax in (ax_loss, ax_tp):
             ax.axvspan(q.t_end - ser.t0, q.t_restart - ser.t0, color="#7f7f7f", alpha=0.25, lw=0, hatch="//")
         ax_loss.annotate(
-            f"requeued: {q.t_restart - q.t_end:.0f} s\nresumed at step {q.step}", xy=((q.t_end + q.t_restart) / 2 - ser.t0, 0.5),
-            xycoords=("data", "axes fraction"), ha="center", va="center", fontsize=9, color="#333333",
+            f"requeued: {q.t_restart - q.t_end:.0f} s\nresumed at step {q.step}",
+            xy=((q.t_end + q.t_restart) / 2 - ser.t0, 0.5),
+            xycoords=("data", "axes fraction"),
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="#333333",
             bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#7f7f7f", alpha=0.9),
         )
     t_last = max([ser.t[-1] if ser.t else 0.0] + [r.t_resumed - ser.t0 for r in recs])
@@ -356,15 +373,32 @@ def run_chart(run: Run, out_png: str) -> str:
         t_last = max(t_last, x)
         for ax in (ax_loss, ax_tp):
             ax.axvline(x, color="black", lw=1.5)
-        ax_loss.annotate(f"job ended:\n{end.get('status')} (exit {end.get('exit_code')})", xy=(x, 0.3), xycoords=("data", "axes fraction"),
-                         xytext=(-4, 0), textcoords="offset points", ha="right", va="top", fontsize=8.5,
-                         bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="black", alpha=0.9))
+        ax_loss.annotate(
+            f"job ended:\n{end.get('status')} (exit {end.get('exit_code')})",
+            xy=(x, 0.3),
+            xycoords=("data", "axes fraction"),
+            xytext=(-4, 0),
+            textcoords="offset points",
+            ha="right",
+            va="top",
+            fontsize=8.5,
+            bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="black", alpha=0.9),
+        )
     ax_loss.set_xlim(-0.02 * max(t_last, 1e-3), 1.03 * max(t_last, 1e-3))
     for x, label in unrecovered:  # labels on the side of the line where there is room
         right = x > 0.6 * t_last
-        ax_loss.annotate(label, xy=(x, 0.62), xycoords=("data", "axes fraction"), xytext=(-4 if right else 4, 0), textcoords="offset points",
-                         ha="right" if right else "left", va="top", fontsize=8.5, color="#a00000",
-                         bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#d62728", alpha=0.9))
+        ax_loss.annotate(
+            label,
+            xy=(x, 0.62),
+            xycoords=("data", "axes fraction"),
+            xytext=(-4 if right else 4, 0),
+            textcoords="offset points",
+            ha="right" if right else "left",
+            va="top",
+            fontsize=8.5,
+            color="#a00000",
+            bbox=dict(boxstyle="round,pad=0.25", fc="white", ec="#d62728", alpha=0.9),
+        )
     slow_drawn = False
     for inc in incidents(run.events):
         if inc.kind == "straggler":
@@ -373,7 +407,9 @@ def run_chart(run: Run, out_png: str) -> str:
             slow_drawn = True
         else:
             ax_tp.axvline(inc.t - ser.t0, color="#9467bd", ls=":", lw=1.2)
-            ax_tp.annotate(inc.kind.replace("_", " "), xy=(inc.t - ser.t0, 0.97), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=8, color="#9467bd")
+            ax_tp.annotate(
+                inc.kind.replace("_", " "), xy=(inc.t - ser.t0, 0.97), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right", fontsize=8, color="#9467bd"
+            )
     handles = ax_loss.get_legend_handles_labels()[0]
     if not ser.t:
         ax_loss.text(0.5, 0.5, "no training step was reported", ha="center", va="center", transform=ax_loss.transAxes, fontsize=11)
@@ -393,7 +429,12 @@ def run_chart(run: Run, out_png: str) -> str:
     if recs:
         fig.legend(
             handles=[Patch(color=PHASE_COLORS[p], alpha=0.8, label=f"{p}: {PHASE_MEANING[p]}") for p in PHASES],
-            loc="lower center", ncol=2, fontsize=9, frameon=False, title="recovery phases (shaded on the time axes above)", title_fontsize=9,
+            loc="lower center",
+            ncol=2,
+            fontsize=9,
+            frameon=False,
+            title="recovery phases (shaded on the time axes above)",
+            title_fontsize=9,
         )
         bottom = 0.15
     top = (0.9 if recs else 0.87) - (0.02 if run.overrides else 0.0)

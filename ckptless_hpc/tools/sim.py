@@ -90,8 +90,19 @@ class Costs:
     overlap_s: float = 0.0  # first-step compute (forward + backward) that the rest of the state arrives behind
 
     def validate(self) -> None:
-        for name in ("detect_s", "reconfigure_s", "transfer_s", "resume_s", "save_s", "restart_s", "group_init_per_doubling_s",
-                     "state_gb", "source_gb_per_s", "link_gb_per_s", "overlap_s"):
+        for name in (
+            "detect_s",
+            "reconfigure_s",
+            "transfer_s",
+            "resume_s",
+            "save_s",
+            "restart_s",
+            "group_init_per_doubling_s",
+            "state_gb",
+            "source_gb_per_s",
+            "link_gb_per_s",
+            "overlap_s",
+        ):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name}={v!r}: must be a finite number >= 0. HINT: costs are seconds measured by python -m bench")
@@ -293,10 +304,7 @@ def sweep(costs: Costs, gpus: Sequence[int] = DEFAULT_GPUS, failures_per_gpu_hou
 
 
 def format_table(points: Sequence[Point]) -> str:
-    head = (
-        f"{'GPUs':>7} {'MTBF':>8} {'fail/day':>8} | {'ckptless D':>10} {'goodput':>8} {'x(1-ovh)':>8} | "
-        f"{'restart R':>9} {'interval':>9} {'Young':>8} {'goodput':>8}"
-    )
+    head = f"{'GPUs':>7} {'MTBF':>8} {'fail/day':>8} | {'ckptless D':>10} {'goodput':>8} {'x(1-ovh)':>8} | {'restart R':>9} {'interval':>9} {'Young':>8} {'goodput':>8}"
     lines = [head, "-" * len(head)]
     for p in points:
         lines.append(
@@ -343,7 +351,18 @@ if __name__ == "__main__":
 
 
 __all__ = [
-    "Costs", "Point", "compare", "sweep", "mtbf_s", "llama3_failures_per_gpu_hour", "checkpointless_goodput",
-    "young_interval_s", "daly_interval_s", "ckpt_restart_goodput", "optimal_interval_s", "simulate_checkpointless",
-    "simulate_ckpt_restart", "format_table",
+    "Costs",
+    "Point",
+    "compare",
+    "sweep",
+    "mtbf_s",
+    "llama3_failures_per_gpu_hour",
+    "checkpointless_goodput",
+    "young_interval_s",
+    "daly_interval_s",
+    "ckpt_restart_goodput",
+    "optimal_interval_s",
+    "simulate_checkpointless",
+    "simulate_ckpt_restart",
+    "format_table",
 ]

@@ -76,9 +76,7 @@ class Communicator:
         self.aborted = False
 
     @classmethod
-    def form(
-        cls, store: Any, gen: int, rank: int, world: int, host: str, timeout_s: float, device: torch.device, backend: Optional[str] = None
-    ) -> "Communicator":
+    def form(cls, store: Any, gen: int, rank: int, world: int, host: str, timeout_s: float, device: torch.device, backend: Optional[str] = None) -> "Communicator":
         """The group of generation ``gen``: NCCL for CUDA tensors unless ``backend`` says gloo
         (gloo also reduces CUDA tensors, through host memory: ranks may then share a GPU)."""
         backend = backend or ("nccl" if device.type == "cuda" else "gloo")

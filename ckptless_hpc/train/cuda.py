@@ -82,8 +82,15 @@ def poisons_context(exc: BaseException) -> bool:
     Xid-class faults, device-side asserts): the process must be replaced, never recovered."""
     text = f"{type(exc).__name__}: {exc}"
     markers = (
-        "illegal memory access", "an illegal instruction", "misaligned address", "unspecified launch failure",
-        "uncorrectable ECC error", "device-side assert", "Xid", "CUDA error: unknown error", "cudaErrorLaunchFailure",
+        "illegal memory access",
+        "an illegal instruction",
+        "misaligned address",
+        "unspecified launch failure",
+        "uncorrectable ECC error",
+        "device-side assert",
+        "Xid",
+        "CUDA error: unknown error",
+        "cudaErrorLaunchFailure",
         "AcceleratorError",
     )
     return any(m in text for m in markers)

@@ -38,7 +38,7 @@ def split_loss(out: Any, task: Any) -> Tuple[torch.Tensor, Optional[Mapping[str,
         if len(out) != 2 or not isinstance(out[1], Mapping):
             raise ValueError(
                 f"{type(task).__name__}.loss returned a tuple of {len(out)} ({', '.join(type(o).__name__ for o in out)}). "
-                "HINT: return the loss tensor, or (loss, {\"name\": tensor_or_float, ...})"
+                'HINT: return the loss tensor, or (loss, {"name": tensor_or_float, ...})'
             )
         return out[0], out[1]
     return out, None
@@ -57,10 +57,7 @@ class MetricSums:
         if self.names is None:
             self.names = names
         elif names != self.names:
-            raise ValueError(
-                f"{self.what} returned the metrics {names}, earlier {self.names}. "
-                "HINT: return the same names every time (on every rank, micro-batch and step)"
-            )
+            raise ValueError(f"{self.what} returned the metrics {names}, earlier {self.names}. HINT: return the same names every time (on every rank, micro-batch and step)")
         if not names:
             return
         vals = []
@@ -90,10 +87,7 @@ class MetricSums:
             return {}
         got, want = float(reduced[-1]), float(world * name_hash(self.names))
         if got != want:
-            raise ValueError(
-                f"{self.what} returned different metric names on different ranks (this rank: {self.names}). "
-                "HINT: return the same names on every rank"
-            )
+            raise ValueError(f"{self.what} returned different metric names on different ranks (this rank: {self.names}). HINT: return the same names on every rank")
         vals = (reduced[skip:-1] / n).tolist()
         return dict(zip(self.names, vals))
 
@@ -108,10 +102,10 @@ class ValSource:
         if self.dataset is None and not callable(getattr(task, "val_batch", None)):
             raise ValueError(
                 f"train.eval_every is set but {name} has neither val_dataset() nor val_batch(index, rank, world, generator). "
-                "HINT: define one of them (docs/tasks.md, \"Evaluation\"), or set train.eval_every=0"
+                'HINT: define one of them (docs/tasks.md, "Evaluation"), or set train.eval_every=0'
             )
         if not callable(getattr(task, "evaluate", None)):
-            raise ValueError(f"train.eval_every is set but {name} has no evaluate(model, batch). HINT: return a dict of scalar metrics, e.g. {{\"loss\": ...}}")
+            raise ValueError(f'train.eval_every is set but {name} has no evaluate(model, batch). HINT: return a dict of scalar metrics, e.g. {{"loss": ...}}')
         if self.dataset is not None:
             from .data import check_seekable
 

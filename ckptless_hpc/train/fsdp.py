@@ -44,6 +44,7 @@ a failed step (gloo raised in forward/backward, or the coordinator said abort)::
     release_in_background(binding.unbind() + <this generation's pgs and comms>)   # releases peers
     <form generation g+1>; binding.rebind(new_pg, new_replicate_pg); redo the step
 """
+
 from __future__ import annotations
 
 import threading
@@ -179,8 +180,9 @@ def hsdp_layout(rank: int, world: int, shard_size: int) -> Tuple[List[int], List
     return [r * shard_size + i for i in range(shard_size)], list(range(s, world, shard_size))
 
 
-def form_hsdp_groups(store: Any, gen: int, rank: int, world: int, shard_size: int, host: str, timeout_s: float,
-                     device: Optional[torch.device] = None, backend: Optional[str] = None) -> HSDPGroups:
+def form_hsdp_groups(
+    store: Any, gen: int, rank: int, world: int, shard_size: int, host: str, timeout_s: float, device: Optional[torch.device] = None, backend: Optional[str] = None
+) -> HSDPGroups:
     """Generation ``gen``'s two HSDP sub-groups, each formed by ``Communicator.form`` (gloo, or
     NCCL for a CUDA device) on its own prefix of the job store (``hsdp/shard<r>/gen<g>``,
     ``hsdp/rep<s>/gen<g>``) and registered as ``gen<g>/shard<r>`` and ``gen<g>/rep<s>``."""
@@ -221,7 +223,9 @@ def units_for(task: Any, model: nn.Module) -> List[nn.Module]:
     names = {id(m) for m in model.modules()}
     bad = [type(u).__name__ for u in units if id(u) not in names or u is model]
     if bad:
-        raise ValueError(f"{type(task).__name__}.shard_units returned modules that are not strict submodules of the model: {bad}. HINT: return submodules, not the root (it is always a unit)")
+        raise ValueError(
+            f"{type(task).__name__}.shard_units returned modules that are not strict submodules of the model: {bad}. HINT: return submodules, not the root (it is always a unit)"
+        )
     return units
 
 
@@ -246,8 +250,13 @@ class FSDPBinding:
 
     @classmethod
     def shard(
-        cls, model: nn.Module, group: dist.ProcessGroup, hsdp_replicate_group: Optional[dist.ProcessGroup] = None,
-        units: Optional[Sequence[nn.Module]] = None, rank: Optional[int] = None, **fully_shard_kwargs: Any,
+        cls,
+        model: nn.Module,
+        group: dist.ProcessGroup,
+        hsdp_replicate_group: Optional[dist.ProcessGroup] = None,
+        units: Optional[Sequence[nn.Module]] = None,
+        rank: Optional[int] = None,
+        **fully_shard_kwargs: Any,
     ) -> "FSDPBinding":
         """``fully_shard`` each unit (default :func:`default_units`), then the root, over
         ``group`` (FSDP: the generation's group; HSDP: the shard group, with the cross-replica
@@ -283,7 +292,9 @@ class FSDPBinding:
         t0 = time.perf_counter()
         old, new = P.mesh_ranks(self.mesh), list(dist.get_process_group_ranks(new_group))
         if old != new:
-            raise ValueError(f"rebind: the new group's global ranks {new} differ from the mesh's {old}. HINT: same rank numbers in every generation; a degraded (smaller) world needs a new binding")
+            raise ValueError(
+                f"rebind: the new group's global ranks {new} differ from the mesh's {old}. HINT: same rank numbers in every generation; a degraded (smaller) world needs a new binding"
+            )
         if (self.hook is None) != (new_replicate_group is None):  # noqa: SIM102
             raise ValueError("rebind: an HSDP binding needs new_replicate_group, an FSDP one must not get it")
         P.rebind_mesh(self.mesh, new_group)
@@ -414,7 +425,7 @@ def load_own(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], entri
     for name, t in named.items():
         if name in targets:
             continue
-        fqn, _, key = name[len("optim/"):].rpartition("/")
+        fqn, _, key = name[len("optim/") :].rpartition("/")
         if name.startswith("optim/") and optimizer is not None and fqn in params:
             create.append((params[fqn], key, t))
         else:
@@ -445,9 +456,11 @@ def load_own(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], entri
 
 # ------------------------------------------------------------------ hot-spare warm-up
 def warm_up(
-    model_factory: Callable[[], nn.Module], loss_fn: Callable[[nn.Module], torch.Tensor],
+    model_factory: Callable[[], nn.Module],
+    loss_fn: Callable[[nn.Module], torch.Tensor],
     optimizer_factory: Optional[Callable[[nn.Module], torch.optim.Optimizer]] = None,
-    units_fn: Optional[Callable[[nn.Module], Sequence[nn.Module]]] = None, host: str = "127.0.0.1",
+    units_fn: Optional[Callable[[nn.Module], Sequence[nn.Module]]] = None,
+    host: str = "127.0.0.1",
 ) -> Dict[str, float]:
     """A throwaway ``fully_shard`` + forward/backward/optimizer step on a private 1-rank gloo
     group, before this process has a rank: a hot spare's first real ``fully_shard`` is then

@@ -51,7 +51,9 @@ class FSDPStrategy:
         e = self.e
         batch = e.feed.batches.batch(0, 0, 0)
         self.warm = fsdp.warm_up(
-            e.task.build_model, lambda m: split_loss(e.task.loss(m, batch), e.task)[0], lambda m: e.task.build_optimizer(m, e.cfg.optim),
+            e.task.build_model,
+            lambda m: split_loss(e.task.loss(m, batch), e.task)[0],
+            lambda m: e.task.build_optimizer(m, e.cfg.optim),
             units_fn=lambda m: fsdp.units_for(e.task, m),
         )
         return self.warm
@@ -166,7 +168,7 @@ class FSDPStrategy:
         own = [(n, t) for n, t in entries if not n.startswith("task/")]
         fsdp.load_own(e.model, e.optimizer, own)
         task_sd: Dict[str, Any] = dict(meta.get("task_scalars", {}))
-        task_sd.update({n[len("task/"):]: t for n, t in entries if n.startswith("task/")})
+        task_sd.update({n[len("task/") :]: t for n, t in entries if n.startswith("task/")})
         if task_sd:
             e.task.load_state_dict(task_sd)
         for g, h in zip(e.optimizer.param_groups, meta.get("hyper", [])):

@@ -52,7 +52,11 @@ def wrap_backend(backend: object, name: str, global_ranks: Sequence[int], store:
     pg._set_group_desc(name)
     kind = "gloo" if btype == dist.ProcessGroup.BackendType.GLOO else "nccl"
     dist.distributed_c10d._register_pg_in_world(
-        pg, backend_name=kind, store=store, group_name=name, backend_config=f"{device.type}:{kind}",
+        pg,
+        backend_name=kind,
+        store=store,
+        group_name=name,
+        backend_config=f"{device.type}:{kind}",
         rank_mapping={int(g): i for i, g in enumerate(global_ranks)},
     )
     return pg
@@ -180,4 +184,3 @@ def info_mesh(info: object) -> object:
 
 def post_forward_meshes(model: torch.nn.Module) -> int:
     return sum(1 for g in param_groups(model) if g.post_forward_mesh_info is not None)  # type: ignore[attr-defined]
-

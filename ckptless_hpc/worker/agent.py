@@ -250,8 +250,15 @@ class Agent:
         # a sharded rank's state is one shard of many: it requeues from the last complete copy, as a spare does
         rank = None if self.shards is not None else self.standing.rank
         last_resort.run(
-            self.job.run_dir, self.me.node, rank, self.peers.held_step(), self.faults.done, self.cfg.cluster.max_requeues, self.storage.save,
-            spare_wait_s=ORPHANED_SPARE_WAIT_S, site_exclude=list(self.cfg.cluster.exclude or ()),
+            self.job.run_dir,
+            self.me.node,
+            rank,
+            self.peers.held_step(),
+            self.faults.done,
+            self.cfg.cluster.max_requeues,
+            self.storage.save,
+            spare_wait_s=ORPHANED_SPARE_WAIT_S,
+            site_exclude=list(self.cfg.cluster.exclude or ()),
         )
         exit_now(EXIT_COORDINATOR_LOST)
 

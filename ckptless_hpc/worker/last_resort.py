@@ -49,8 +49,15 @@ def coordinator_alive(address: str, secret: str, worker: str, timeout_s: float =
 
 
 def run(
-    run_dir: str, node: str, rank: Optional[int], step: Optional[int], faults_done: Set[int], max_requeues: int,
-    save: Callable[[str], Dict[str, Any]], spare_wait_s: float, site_exclude: Sequence[str] = (),
+    run_dir: str,
+    node: str,
+    rank: Optional[int],
+    step: Optional[int],
+    faults_done: Set[int],
+    max_requeues: int,
+    save: Callable[[str], Dict[str, Any]],
+    spare_wait_s: float,
+    site_exclude: Sequence[str] = (),
 ) -> None:
     from ..slurm.env import SlurmEnvironment
 
@@ -73,7 +80,10 @@ def run(
     except OSError as e:
         log.error(
             "cannot claim %s (%s): nothing can be saved in %s; the job is left to Slurm (its time limit). "
-            "HINT: the run dir must be writable from every node (hydra.run.dir on a shared, writable filesystem)", lock, e.strerror, state_dir,
+            "HINT: the run dir must be writable from every node (hydra.run.dir on a shared, writable filesystem)",
+            lock,
+            e.strerror,
+            state_dir,
         )
         return
     restart = restart_file.read_or_empty(run_dir)
@@ -122,7 +132,10 @@ def requeue_or_cancel(env: Any, saved: Optional[Dict[str, Any]], max_requeues: i
             log.error(
                 "not requeueing: already requeued %d time(s) (cluster.max_requeues=%d); cancelling job %s. "
                 "HINT: the last copy stays in %s/state; raise cluster.max_requeues to allow more restarts",
-                env.restart_count, max_requeues, job_id, run_dir,
+                env.restart_count,
+                max_requeues,
+                job_id,
+                run_dir,
             )
             commands.cancel_job(job_id)
         else:

@@ -39,7 +39,9 @@ class PeerState:
     state still arrives behind the first step. What it reads of the worker (its standing, its
     waits, its faults, its shard copies) is passed in."""
 
-    def __init__(self, cfg: Any, engine: EngineState, shards: Optional[ShardCopies], secret: str, client: Sender, waiter: Waiter, faults: FaultInjector, standing: Standing, node: str) -> None:
+    def __init__(
+        self, cfg: Any, engine: EngineState, shards: Optional[ShardCopies], secret: str, client: Sender, waiter: Waiter, faults: FaultInjector, standing: Standing, node: str
+    ) -> None:
         self.cluster, self.engine, self.shards, self.secret, self.client = cfg.cluster, engine, shards, secret, client
         self.waiter, self.faults, self.standing, self.node = waiter, faults, standing, node
         self.behind: Optional[Behind] = None  # parameters first: the optimizer state still arriving behind the first step
@@ -68,13 +70,17 @@ class PeerState:
         parallel = int(self.cluster.fetch_parallel)
         got = self.waiter.run(
             lambda: fetch(srcs, self.secret, want, timeout_s, arena, parallel, self._transfer_failed(gen), lambda: self.faults.fire_due("receive", target)),
-            gen, timeout_s, "fetch-state",
+            gen,
+            timeout_s,
+            "fetch-state",
         )
         t0 = time.monotonic()
         (self.engine.apply_first if split else self.engine.apply)(got.received.entries, got.received.meta)
         self.standing.at(target)
         self.client.send(Fetched(gen, ",".join(got.by_source), got.received.nbytes, got.received.seconds, time.monotonic() - t0))
-        log.info("received %s: %.1f MB at step %d from %s in %.3fs (checksum ok)", want.describe(), got.received.nbytes / 1e6, target, _by_source(got.by_source), got.received.seconds)
+        log.info(
+            "received %s: %.1f MB at step %d from %s in %.3fs (checksum ok)", want.describe(), got.received.nbytes / 1e6, target, _by_source(got.by_source), got.received.seconds
+        )
         if split:
             rest = Want(gen, target, None, "rest")
             self.behind = Behind(lambda: fetch(srcs, self.secret, rest, timeout_s, arena, parallel, self._transfer_failed(gen)))
@@ -118,7 +124,12 @@ class PeerState:
         assert behind.t_done is not None
         log.info(
             "received optimizer state: %.1f MB at step %d from %s in %.3fs behind the step (arrived %.3fs after the step started; the step waited %.3fs for it; checksum ok)",
-            got.received.nbytes / 1e6, step, _by_source(got.by_source), got.received.seconds, behind.t_done - behind.t_start, max(0.0, behind.t_done - t_wait),
+            got.received.nbytes / 1e6,
+            step,
+            _by_source(got.by_source),
+            got.received.seconds,
+            behind.t_done - behind.t_start,
+            max(0.0, behind.t_done - t_wait),
         )
 
     def drop_behind(self) -> None:

@@ -33,9 +33,7 @@ class _Context(logging.Filter):
 def _setup_logging(ctx: Dict[str, Any]) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_Context(ctx))
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s job=%(job)s gen=%(gen)s rank=%(rank)s node=%(node)s step=%(step)s %(name)s: %(message)s")
-    )
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s job=%(job)s gen=%(gen)s rank=%(rank)s node=%(node)s step=%(step)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)

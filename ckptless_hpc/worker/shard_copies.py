@@ -93,8 +93,13 @@ class ShardCopies:
 
     def costs(self) -> Dict[str, float]:
         """For the ``done`` message: the waits, the snapshots and the bytes sent to holders."""
-        return {"wait_s": round(self.waited_s, 6), "waits": self.waits, "snapshots": self.snapshots,
-                "snapshot_bytes": self.snapshot_bytes, "sent_bytes": self.replicator.sent_bytes}
+        return {
+            "wait_s": round(self.waited_s, 6),
+            "waits": self.waits,
+            "snapshots": self.snapshots,
+            "snapshot_bytes": self.snapshot_bytes,
+            "sent_bytes": self.replicator.sent_bytes,
+        }
 
     def _send(self, step: int, copy: Copy) -> None:
         assert self.shard is not None

@@ -39,8 +39,18 @@ class Steps:
     batch size is not an int), for rank 0's metrics."""
 
     def __init__(
-        self, cfg: Any, engine: EngineSteps, client: Sender, standing: Standing, waiter: Waiter, faults: FaultInjector, peers: PeerState, shards: Optional[ShardCopies],
-        periodic: PeriodicCopies, groups: Groups, samples: Optional[int],
+        self,
+        cfg: Any,
+        engine: EngineSteps,
+        client: Sender,
+        standing: Standing,
+        waiter: Waiter,
+        faults: FaultInjector,
+        peers: PeerState,
+        shards: Optional[ShardCopies],
+        periodic: PeriodicCopies,
+        groups: Groups,
+        samples: Optional[int],
     ) -> None:
         self.train_cfg, self.collective_timeout_s = cfg.train, cfg.cluster.collective_timeout_s
         self.engine, self.client, self.standing, self.waiter, self.faults = engine, client, standing, waiter, faults
@@ -116,8 +126,16 @@ class Steps:
         if s.rank == 0:
             self.client.send(
                 Metrics(
-                    s.step, res.loss, time.perf_counter() - t0, gen=gen, lr=res.lr, grad_norm=res.grad_norm, samples=self.samples, skipped=res.skipped,
-                    skipped_total=dict(self.engine.skipped), metrics=res.metrics or None,
+                    s.step,
+                    res.loss,
+                    time.perf_counter() - t0,
+                    gen=gen,
+                    lr=res.lr,
+                    grad_norm=res.grad_norm,
+                    samples=self.samples,
+                    skipped=res.skipped,
+                    skipped_total=dict(self.engine.skipped),
+                    metrics=res.metrics or None,
                 )
             )
         return True
