@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+from ..rundir.numbering import initial_ranks as initial_ranks, node_order  # the numbering rule, below both its users (rundir/numbering.py)
+
 
 MAX_SOURCES = 4  # state sources named per worker: a few alternatives, never every survivor
 
@@ -27,26 +29,12 @@ class Plan:
     sources: Dict[str, List[str]] = field(default_factory=dict)  # worker needing state -> source workers, in order
 
 
-def initial_ranks(nodes: Sequence[Tuple[str, Sequence[str]]]) -> Dict[int, str]:
-    """Rank r lives on node r // workers_per_node: ranks are numbered node by node."""
-    ranks: Dict[int, str] = {}
-    for _, workers in nodes:
-        for w in workers:
-            ranks[len(ranks)] = w
-    return ranks
-
-
 def by_node(workers: Iterable[Tuple[str, str]]) -> List[Tuple[str, List[str]]]:
     """(worker, node) pairs grouped by node, nodes in natural order (n2 before n10): one pass."""
     groups: Dict[str, List[str]] = {}
     for wid, node in workers:
         groups.setdefault(node, []).append(wid)
     return [(n, groups[n]) for n in sorted(groups, key=node_order)]
-
-
-def node_order(name: str) -> tuple:
-    digits = "".join(ch for ch in name if ch.isdigit())
-    return (name.rstrip("0123456789"), int(digits) if digits else -1, name)
 
 
 def order_spares(spares: Sequence[Spare], active_nodes: Set[str], bad_nodes: Set[str]) -> List[Spare]:

@@ -3,8 +3,7 @@
 An event log written before ``generation_started`` carried its ``ranks`` is read back by
 re-deriving generation 0's ranks from the nodes started: the reader needs the coordinator's
 own rule, and a reader imports no coordinator code (the layers run coordinator -> rundir). So
-the rule lives here, below both; ``coordinator/planner.py`` keeps its public ``initial_ranks``
-and ``node_order`` (and may import them from here). Pure.
+the rule lives here, below both; ``coordinator/planner.py`` imports it. Pure.
 """
 
 from __future__ import annotations
