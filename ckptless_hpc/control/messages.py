@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
 from enum import Enum
-from typing import Any, ClassVar, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, ClassVar, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple, Type, Union, get_args
 
 HINT_VERSION = "HINT: worker and coordinator must be the same ckptless_hpc version"
 
@@ -689,28 +689,8 @@ def _kinds(*classes: Type[Any]) -> Dict[str, Type[Any]]:
     return {c.TYPE: c for c in classes}
 
 
-# what the coordinator parses from a connected worker (today's set: hello and hb are read before, in place)
-KINDS: Dict[str, Type[Any]] = _kinds(
-    Built,
-    Metrics,
-    Eval,
-    Held,
-    Joining,
-    Ready,
-    Fetched,
-    TransferFailed,
-    FaultFired,
-    Done,
-    Saved,
-    NonFinite,
-    StartupError,
-    SaveFailed,
-    LoadFailed,
-    Exported,
-    ExportFailed,
-    PeriodicSaved,
-    PeriodicFailed,
-)
+# what the coordinator parses from a connected worker (today's set: hello and hb are read before, in place): the classes of Message
+KINDS: Dict[str, Type[Any]] = _kinds(*get_args(Message))
 TO_COORDINATOR: Dict[str, Type[Any]] = KINDS
 CONNECTING: Dict[str, Type[Any]] = _kinds(Hello, RelayHello, Probe, Heartbeat)  # first words, and the hot path
 TO_WORKER: Dict[str, Type[Any]] = _kinds(Config, Assign, Abort, Stop, FaultAck, Inject, CopyAt, Save, Export, Dropped)

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional
 
-from ..config import global_batch
+from ..config import Shape, global_batch
 from ..control import messages, wire
 from ..control.messages import Stop
 from ..control.server import Background, ControlServer, Handlers
@@ -79,7 +79,7 @@ class Coordinator:
     def from_config(cls, cfg: Any, run_dir: str, launcher: Any, secret: str, job_id: str, clock: Callable[[], float] = time.time) -> "Coordinator":
         c = cfg.cluster
         layout = Layout(cfg)
-        job = JobMachine(Membership(c.workers_per_node), layout, c.nodes * c.workers_per_node, JobOptions.from_cluster(c), faults_from_config(cfg))
+        job = JobMachine(Membership(c.workers_per_node), layout, Shape.of(cfg).world, JobOptions.from_cluster(c), faults_from_config(cfg))
         record = RunRecord.from_config(cfg, run_dir, job_id, clock, layout.shards, layout.mode)
         health = Health.from_cluster(c, clock())
         control = ControlServer(job.members.workers, secret, clock, health.stalls, health.straggling, health.hb_delay)

@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, Optional, Sequence
 import torch
 
 from .. import faults as faultlib
+from ..config import Shape
 from ..control import messages as m
 from ..control.client import ControlClient, exit_now
 from ..state.snapshot import state_nbytes
@@ -173,7 +174,7 @@ class Agent:
         os.environ["TORCH_GLOO_LAZY_INIT"] = "1" if cfg.cluster.gloo_lazy_connect else "0"
         device, backend = cuda.prepare(cfg.cluster, self.me.local_index, os.environ, log)
         task = instantiate(cfg.task)
-        world = cfg.cluster.nodes * cfg.cluster.workers_per_node
+        world = Shape.of(cfg).world
         # data-loader workers fork here: they must not keep the control connection open
         engine = self.engine = Engine(cfg, task, device, world, close_fds=[self.client.fileno()])
         if engine.task_batches:  # a dataset() is indexed by the framework itself
