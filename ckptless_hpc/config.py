@@ -30,6 +30,8 @@ COMMS = ("auto", "gloo", "nccl")  # cluster.comm
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("stop", "skip")
 PARALLEL_MODES = ("ddp", "zero", "fsdp", "hsdp")
+REDUCTIONS = ("auto", "allreduce", "fixed")
+ELASTIC_MODES = ("ddp",)  # parallel modes a job can shrink in (cluster.min_nodes < cluster.nodes)
 
 
 #: A worker silent this long is hung: a larger cluster.heartbeat_timeout_s would turn hang detection off.
@@ -121,6 +123,10 @@ class TrainConfig:
     """Micro-batches each data worker prepares ahead."""
     bucket_mb: float = 16.0
     """Gradient allreduce bucket size (MiB)."""
+    reduction: str = "auto"
+    """How gradients are summed over the ranks: allreduce (bucketed, overlapped with backward) |
+    fixed (one fixed tree over the ranks: the same bits whatever the number of processes, what
+    a job that shrinks needs; train/fixed.py) | auto (fixed when cluster.min_nodes < cluster.nodes)."""
     tensorboard: bool = False
     """Write loss, LR, grad norm, throughput and recoveries to <run dir>/tensorboard."""
     save_final: bool = True
@@ -199,6 +205,7 @@ class TrainConfig:
             "e.g. train.eval_batches=8 validation batches per evaluation",
         )
         need(t.bucket_mb > 0, "train.bucket_mb", t.bucket_mb, "must be > 0", "e.g. train.bucket_mb=16 (MiB per gradient allreduce)")
+        need(t.reduction in REDUCTIONS, "train.reduction", t.reduction, "unknown reduction", f"use one of {', '.join(REDUCTIONS)}")
         if t.tensorboard:
             from .metrics import tensorboard_missing  # the bottom layer, as this module
 
@@ -243,6 +250,10 @@ class ClusterConfig:
     """Ranks per node."""
     spare_nodes: int = 1
     """Hot-spare nodes started with the job."""
+    min_nodes: Optional[int] = None
+    """Elastic: with no spare left, a node loss shrinks the job while at least this many worker
+    nodes live (the survivors also train the lost ranks' micro-batches: same global batch, same
+    result) instead of stopping it (null: cluster.nodes, never shrink)."""
     refill_spares: bool = True
     """Launch a new spare node in the background after a promotion."""
     max_refills: int = 4
@@ -294,6 +305,14 @@ class ClusterConfig:
         need(c.nodes >= 1, "cluster.nodes", c.nodes, "must be >= 1", "set cluster.nodes=2")
         need(c.workers_per_node >= 1, "cluster.workers_per_node", c.workers_per_node, "must be >= 1", "set cluster.workers_per_node=1")
         need(c.spare_nodes >= 0, "cluster.spare_nodes", c.spare_nodes, "must be >= 0", "set cluster.spare_nodes=1 (0 = no hot spares)")
+        m = c.min_nodes
+        need(
+            m is None or (_is_int(m) and 1 <= m <= c.nodes),
+            "cluster.min_nodes",
+            m,
+            f"must be an integer in 1..cluster.nodes={c.nodes}, or null",
+            f"e.g. cluster.min_nodes={max(1, c.nodes - 1)} (shrink by one node at most); null never shrinks",
+        )
         need(c.straggler_factor > 1, "cluster.straggler_factor", c.straggler_factor, "must be > 1", "e.g. cluster.straggler_factor=3")
         ClusterConfig.check_devices(c, need)
         need(c.abort_timeout_s > 0, "cluster.abort_timeout_s", c.abort_timeout_s, "must be > 0", "e.g. cluster.abort_timeout_s=10")
@@ -422,6 +441,21 @@ class ParallelConfig:
             return
         r = cfg.replication
         ReplicationConfig.check(r, need)
+        if min_nodes(cfg) < c.nodes:
+            need(
+                p.mode in ELASTIC_MODES,
+                "cluster.min_nodes",
+                c.min_nodes,
+                f"a job of parallel.mode={p.mode} cannot shrink yet: its sharded state would have to be re-partitioned over the survivors",
+                "use parallel=ddp to shrink, or leave cluster.min_nodes=null (a loss past the spares stops the job: docs/failure-semantics.md)",
+            )
+            need(
+                t.reduction != "allreduce",
+                "train.reduction",
+                t.reduction,
+                f"cluster.min_nodes={c.min_nodes} < cluster.nodes={c.nodes} needs the fixed-order reduction: gloo's and NCCL's all-reduce add in an order that depends on the number of processes, so a shrunk job would drift from the fault-free one",
+                "set train.reduction=fixed (or auto)",
+            )
         if p.mode == "ddp":
             return
         need(
@@ -650,6 +684,20 @@ def validation_errors(cfg: Any, probes: Optional[Probes] = None) -> List[str]:
     if not errors:
         Config.check_resume(cfg, need, probes)
     return errors
+
+
+def min_nodes(cfg: Any) -> int:
+    """``cluster.min_nodes``, or ``cluster.nodes`` where it is null (never shrink)."""
+    m = cfg.cluster.min_nodes
+    return int(m) if _is_int(m) else int(cfg.cluster.nodes)
+
+
+def reduction(cfg: Any) -> str:
+    """``train.reduction`` resolved: ``fixed`` or ``allreduce`` (``auto``: fixed for a job that can shrink)."""
+    r = str(cfg.train.reduction)
+    if r == "auto":
+        return "fixed" if min_nodes(cfg) < int(cfg.cluster.nodes) else "allreduce"
+    return r
 
 
 def resume_shards(cfg: Any) -> int:

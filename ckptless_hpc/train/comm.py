@@ -69,11 +69,19 @@ def store_barrier(store: Any, world: int, timeout_s: float, name: str = "formed"
 
 class Communicator:
     """The collectives one generation's step uses, as futures (waited on interruptibly by the
-    worker). ``rank`` and ``world`` never change within a generation."""
+    worker). ``rank`` and ``world`` never change within a generation. ``holders``: the virtual
+    ranks each process of the generation trains (train/fixed.py), ``None`` while process ``r``
+    trains virtual rank ``r`` alone (every generation of a job that has not shrunk)."""
 
-    def __init__(self, pg: Any, gen: int, rank: int, world: int, backend: str = "gloo") -> None:
+    def __init__(self, pg: Any, gen: int, rank: int, world: int, backend: str = "gloo", holders: Optional[List[List[int]]] = None) -> None:
         self.pg, self.gen, self.rank, self.world, self.backend = pg, gen, rank, world, backend
+        self.holders = holders
         self.aborted = False
+
+    @property
+    def vranks(self) -> List[int]:
+        """The virtual ranks this process trains in this generation."""
+        return list(self.holders[self.rank]) if self.holders is not None else [self.rank]
 
     @classmethod
     def form(cls, store: Any, gen: int, rank: int, world: int, host: str, timeout_s: float, device: torch.device, backend: Optional[str] = None) -> "Communicator":
@@ -109,6 +117,15 @@ class Communicator:
     def allreduce(self, tensor: torch.Tensor) -> Any:
         """Sum ``tensor`` over the ranks, in place; a future."""
         return self.pg.allreduce([tensor]).get_future()
+
+    def alltoall(self, out: torch.Tensor, inp: torch.Tensor, out_splits: List[int], in_splits: List[int]) -> Any:
+        """Split ``inp`` by ``in_splits``, piece ``p`` to rank ``p``; ``out`` receives rank ``q``'s
+        piece for this rank in its ``out_splits[q]`` elements; a future."""
+        return self.pg.alltoall_base(out, inp, out_splits, in_splits, dist.AllToAllOptions()).get_future()
+
+    def allgather(self, outs: List[torch.Tensor], tensor: torch.Tensor) -> Any:
+        """Every rank's ``tensor`` into ``outs[rank]`` (equal sizes); a future."""
+        return self.pg.allgather([outs], [tensor]).get_future()
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0) -> Any:
         """Overwrite ``tensor`` with ``root``'s, in place; a future."""

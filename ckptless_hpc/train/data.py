@@ -148,6 +148,11 @@ class Feed:
     def get(self, step: int, micro: int) -> Any:
         return self.batches.batch(step, micro, self.rank)
 
+    def get_for(self, step: int, micro: int, rank: int) -> Any:
+        """A micro-batch of ``rank``: this feed's own, or, in a shrunk job, one of the ranks this
+        process trains for a lost one (made in the training thread: only the own rank is prefetched)."""
+        return self.get(step, micro) if rank == self.rank else self.batches.batch(step, micro, rank)
+
     def close(self) -> None:
         pass
 

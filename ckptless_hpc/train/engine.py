@@ -38,8 +38,10 @@ import torch
 from ..state.export import key_map
 from ..state.snapshot import Entries, Piece, apply_model_state, apply_optimizer_state, apply_state, collect_state
 from ..tasks.base import set_lr
+from ..config import reduction
 from .data import Feed, forward_seed, make_feed
 from .evaluation import MetricSums, ValSource, eval_indices, split_loss
+from .fixed import FixedReduce
 from .replicated import BucketedGrads, BufferSync
 from .fsdp_strategy import FSDPStrategy
 from .zero import ZeroPartition
@@ -128,6 +130,9 @@ class Engine:
         self.n_params = sum(p.numel() for p in params)
         # FSDP2 reduces its own gradients; the replicated strategy and ZeRO use fixed buckets
         self.grads = BucketedGrads(params, int(float(t.bucket_mb) * (1 << 20)), device) if self.fsdp is None else None
+        # train.reduction=fixed: the sum over the ranks in one fixed tree (train/fixed.py), one plan per generation
+        self.fixed = reduction(cfg) == "fixed" and self.fsdp is None
+        self._plan: Optional[FixedReduce] = None
         self.buffers = BufferSync(self.model)
         self._loss_sum = torch.zeros(1, dtype=torch.float64, device=device)
         self.metrics = MetricSums(f"{type(task).__name__}.loss")
@@ -162,7 +167,11 @@ class Engine:
         """Train with this generation's communicator from now on (same rank numbers)."""
         self.take_rank(comm.rank)
         self.comm = comm
-        self.feed.bind(comm.rank)
+        self.feed.bind(comm.vranks[0])  # its own rank (a shrunk job's survivor trains the lost ones' too)
+        if self.fixed:
+            self._plan = FixedReduce(self.world, comm.holders or [[r] for r in range(self.world)], comm.rank)
+        elif comm.holders is not None:
+            raise ValueError(f"generation {comm.gen}: ranks {comm.vranks} on one process need train.reduction=fixed")
         if self.zero is not None:
             self.zero.stale = True  # the other owners' parameters come at the next step's start
         if self.fsdp is not None:
@@ -257,6 +266,8 @@ class Engine:
                 futures = self.fsdp.forward_backward(step, comm)
                 on_backward()
                 futures = [comm.allreduce(self.reduction())] + futures
+            elif self._plan is not None:
+                futures = self._fixed_step(step, comm, self._plan, on_backward, wait)
             else:
                 futures = self._forward_backward(step, comm)
                 on_backward()
@@ -277,7 +288,7 @@ class Engine:
             self._loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
             raise
         self.state_step = None
-        res = self._update(step, comm.world * self.micro_batches, t, norm)
+        res = self._update(step, self.world * self.micro_batches, t, norm)
         if self.hook is not None and res.committed and res.skipped is None:
             with torch.no_grad():
                 self.hook(self.model, self.optimizer, step)
@@ -300,6 +311,41 @@ class Engine:
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         return broadcasts
 
+    def _fixed_step(self, step: int, comm: Any, plan: FixedReduce, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> List[Any]:
+        """train.reduction=fixed: each rank this process trains (its own; in a shrunk job the lost
+        ones' too) runs its micro-batches from the step's buffers, its gradient (the micro-batches
+        summed as autograd accumulates them) and loss kept apart; the sums over all ranks come from
+        the fixed tree, and the buffers from the process that trains rank 0, as rank 0's forwards
+        left them. Returns the buffers' broadcasts to wait on."""
+        leaves: Dict[int, List[torch.Tensor]] = {}
+        rank0: Optional[List[torch.Tensor]] = None
+        vranks = comm.vranks
+        for i, v in enumerate(vranks):
+            last = i == len(vranks) - 1
+            if i > 0:  # the next rank starts from the step's state, as on a process of its own
+                self.grads.zero()
+                self._loss_sum.zero_()
+                self.metrics.zero()
+                self.buffers.restore()
+            for micro in range(self.micro_batches):
+                batch = self.feed.get_for(step, micro, v)
+                forward_seed(self.cfg.train.seed, step, v, micro)
+                with self.autocast():
+                    loss = self.task_loss(batch)
+                self.add_loss(loss)
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            leaves[v] = [f if last else f.clone() for f in self.grads.flats] + [self.reduction().clone()]
+            if v == 0 and not last and self.buffers:
+                rank0 = self.buffers.snapshot()
+        if rank0 is not None:
+            self.buffers.restore(rank0)
+        on_backward()
+        broadcasts = self.buffers.launch(comm, plan.root) if self.buffers else []
+        *grads, self._reduced = plan.reduce(comm, plan.partials(leaves), wait)
+        for flat, g in zip(self.grads.flats, grads):
+            flat.copy_(g)
+        return broadcasts
+
     def _lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
@@ -307,7 +353,7 @@ class Engine:
         if self.grads is not None:  # FSDP has averaged over the ranks (and the micro-batches: loss / K)
             self.grads.divide(n)
         loss = float(self._reduced[0]) / n
-        metrics = self.metrics.means(self._reduced, self.comm.world, n)
+        metrics = self.metrics.means(self._reduced, self.world, n)
         if not math.isfinite(loss):
             return self._nonfinite(step, t, loss, float("nan"), metrics)
         if self.scaler is not None:

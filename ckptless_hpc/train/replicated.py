@@ -121,19 +121,26 @@ class BufferSync:
     def __bool__(self) -> bool:
         return bool(self.groups)
 
-    def save(self) -> None:
-        self._saved = [b.detach().clone() for _, bufs in self.groups for b in bufs]
+    def snapshot(self) -> List[torch.Tensor]:
+        return [b.detach().clone() for _, bufs in self.groups for b in bufs]
 
-    def restore(self) -> None:
-        if not self._saved:
+    def save(self) -> None:
+        """Keep the step's starting values (:meth:`restore` puts them back)."""
+        self._saved = self.snapshot()
+
+    def restore(self, values: Optional[List[torch.Tensor]] = None) -> None:
+        """Put back the saved values, or ``values`` (a :meth:`snapshot`)."""
+        values = self._saved if values is None else values
+        if not values:
             return
         with torch.no_grad():
-            for b, s in zip((b for _, bufs in self.groups for b in bufs), self._saved):
+            for b, s in zip((b for _, bufs in self.groups for b in bufs), values):
                 b.copy_(s)
 
-    def launch(self, comm: Any) -> List[Any]:
+    def launch(self, comm: Any, root: int = 0) -> List[Any]:
+        """Broadcast ``root``'s buffers (the process holding virtual rank 0, train/fixed.py)."""
         self._packed = [torch.cat([b.detach().reshape(-1) for b in bufs]) for _, bufs in self.groups]
-        return [comm.broadcast(t, 0) for t in self._packed]
+        return [comm.broadcast(t, root) for t in self._packed]
 
     def land(self) -> None:
         with torch.no_grad():

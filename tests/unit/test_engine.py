@@ -50,6 +50,7 @@ class _Counting:
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
         self.inner = Communicator(dist.ProcessGroupGloo(dist.HashStore(), 0, 1, opts), gen, 0, 1)
         self.rank, self.world, self.calls = 0, 1, []
+        self.holders, self.vranks = None, [0]
 
     def allreduce(self, t):
         self.calls.append(("allreduce", t.numel()))
@@ -239,6 +240,7 @@ class _Pair:
         self.inner = Communicator(_gloo(prefixed, 0), gen, 0, 2)
         t.join(30)
         self.rank, self.world, self.late = 0, 2, late
+        self.holders, self.vranks = None, [0]
         self.running = threading.Event()
         self.running.set()
         self._ops: "queue.Queue" = queue.Queue()

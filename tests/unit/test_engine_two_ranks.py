@@ -33,32 +33,35 @@ pytestmark = pytest.mark.timeout(120)
 STEPS = 6
 
 
-def _cfg(parallel: str = "ddp", **train):
+def _cfg(parallel: str = "ddp", nodes: int = 2, **train):
     c = OmegaConf.structured(Config(task={}, cluster=LocalClusterConfig()))
-    c.train.steps, c.optim.lr, c.parallel.mode = STEPS, 0.05, parallel
+    c.train.steps, c.optim.lr, c.parallel.mode, c.cluster.nodes = STEPS, 0.05, parallel, nodes
     for k, v in train.items():
         c.train[k] = v
     return c
 
 
-def _group(store, rank: int):
+def _group(store, rank: int, size: int, holders=None):
     opts = dist.ProcessGroupGloo._Options()
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
     opts._timeout = timedelta(seconds=60)
-    return Communicator(dist.ProcessGroupGloo(store, rank, 2, opts), 0, rank, 2)
+    return Communicator(dist.ProcessGroupGloo(store, rank, size, opts), 0, rank, size, holders=holders)
 
 
-def _train_two_ranks(make_task, cfg):
-    """Both ranks' engines after cfg.train.steps steps, and their step results."""
+def _train_two_ranks(make_task, cfg, holders=None):
+    """Every process's engine after cfg.train.steps steps, and their step results: two
+    processes of ranks 0 and 1, or one per entry of ``holders`` (the ranks each one trains)."""
+    size = 2 if holders is None else len(holders)
+    world = int(cfg.cluster.nodes) * int(cfg.cluster.workers_per_node)
     store, lock = dist.HashStore(), threading.Lock()
-    comms = [None, None]
-    threads = [threading.Thread(target=lambda r=r: comms.__setitem__(r, _group(store, r))) for r in (0, 1)]
+    comms = [None] * size
+    threads = [threading.Thread(target=lambda r=r: comms.__setitem__(r, _group(store, r, size, holders))) for r in range(size)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
-    engines = [Engine(cfg, make_task(), torch.device("cpu"), world=2) for _ in (0, 1)]
-    results: list = [[], []]
+    engines = [Engine(cfg, make_task(), torch.device("cpu"), world=world) for _ in range(size)]
+    results: list = [[] for _ in range(size)]
     errors: list = []
 
     def wait(futures):
@@ -78,7 +81,7 @@ def _train_two_ranks(make_task, cfg):
         except BaseException as e:  # noqa: BLE001 - reported by the test
             errors.append(e)
 
-    workers = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    workers = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
     for w in workers:
         w.start()
     for w in workers:
@@ -116,5 +119,41 @@ def test_two_ranks_train_what_plain_pytorch_trains(case):
     assert diffs[worst] <= 1e-5, f"{case}: {worst} differs from plain PyTorch by {diffs[worst]:.3g} of its magnitude; all: {diffs}"
     losses = [[r.loss for r in rs] for rs in results]
     assert losses[0] == losses[1]  # the loss is the global mean, the same on both ranks
+    if "clip" in case:
+        assert min(r.grad_norm for r in results[0]) > 0.05, "the gradient never needed clipping: the case proves nothing"
+
+
+FIXED_CASES = {
+    "buffers_dropout_accum_clip": (lambda: T.BatchNormSGD(), dict(grad_accum=2, clip_grad_norm=0.05)),
+    "adamw_builtin_schedule": (lambda: T.MLPTask(), {}),
+    "fp16_scaler": (lambda: T.SGDGroupsMLP(), dict(precision="fp16", grad_accum=2)),
+    "bf16": (lambda: T.SGDGroupsMLP(), dict(precision="bf16")),
+}
+#: three ranks on three, two and one processes (the shrunk layouts: a survivor trains a lost rank too, rank 0 anywhere)
+LAYOUTS = ([[0], [1], [2]], [[0, 2], [1]], [[1], [2, 0]], [[2, 1, 0]])
+
+
+@pytest.mark.parametrize("case", list(FIXED_CASES))
+def test_fixed_reduction_trains_what_plain_pytorch_trains_and_the_same_bits_on_any_number_of_processes(case):
+    """train.reduction=fixed, three ranks: equal to the plain loop within tolerance, and bitwise
+    the same model (parameters, BatchNorm statistics) and losses however many processes train
+    the three ranks, and whichever of them trains rank 0."""
+    make, train = FIXED_CASES[case]
+    cfg = _cfg("ddp", nodes=3, reduction="fixed", **train)
+    want = plain_loop.train(make(), cfg).state_dict()
+    first = None
+    for layout in LAYOUTS:
+        engines, results = _train_two_ranks(make, cfg, holders=layout)
+        got = engines[0].model.state_dict()
+        for e in engines[1:]:
+            assert all(torch.equal(got[k], v) for k, v in e.model.state_dict().items()), f"{layout}: the replicas differ"
+        if first is None:
+            first = (got, [r.loss for r in results[0]])
+            diffs = plain_loop.max_differences(got, want)
+            worst = max(diffs, key=diffs.get)
+            assert diffs[worst] <= 1e-5, f"{case}: {worst} differs from plain PyTorch by {diffs[worst]:.3g} of its magnitude; all: {diffs}"
+        else:
+            assert all(torch.equal(first[0][k], v) for k, v in got.items()), f"{case}: layout {layout} trained other bits than {LAYOUTS[0]}"
+            assert [r.loss for r in results[0]] == first[1], f"{case}: layout {layout}: other losses"
     if "clip" in case:
         assert min(r.grad_norm for r in results[0]) > 0.05, "the gradient never needed clipping: the case proves nothing"
