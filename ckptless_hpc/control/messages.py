@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
 from enum import Enum
-from typing import Any, ClassVar, Dict, FrozenSet, Iterable, List, Mapping, Optional, Tuple, Type, Union, get_args
+from typing import Any, ClassVar, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, Union, get_args
 
 HINT_VERSION = "HINT: worker and coordinator must be the same ckptless_hpc version"
 
@@ -370,10 +370,12 @@ class Config(_Message):
 class Assign(_Message):
     """Rank ``rank`` of generation ``gen`` starts at ``step``; fetch it from ``sources`` if behind.
     ``rank`` None (no ``rank`` field): the worker keeps the rank it was last ready as.
-    ``shard``/``holders``/``holds``: a sharded rank's layout (coordinator/sharding.py)."""
+    ``shard``/``holders``/``holds``: a sharded rank's layout (coordinator/sharding.py).
+    ``lost``: the ranks of ``0..world-1`` no process holds any more (a job that shrank,
+    ``cluster.min_nodes``): the survivors train them too (rundir/numbering.py ``shrunk``)."""
 
     TYPE: ClassVar[str] = "assign"
-    _OMIT: ClassVar[FrozenSet[str]] = frozenset({"rank", "shard", "holders", "holds", "load"})
+    _OMIT: ClassVar[FrozenSet[str]] = frozenset({"rank", "shard", "holders", "holds", "load", "lost"})
     gen: int
     rank: Optional[int]
     world: int
@@ -384,6 +386,7 @@ class Assign(_Message):
     holders: Optional[Any] = None
     holds: Optional[Any] = None
     load: Optional[Dict[str, Any]] = None
+    lost: Optional[List[int]] = None
 
 
 def assign(
@@ -396,17 +399,21 @@ def assign(
     faults_done: List[int],
     load: Optional[Dict[str, Any]] = None,
     layout: Optional[Dict[str, Any]] = None,
+    lost: Sequence[int] = (),
 ) -> Dict[str, Any]:
     """``Assign(...).encode()`` from the coordinator's view, built as a dict in place: a hot path
     (one per rank of a recovery; a frozen dataclass's construction alone costs 2-4x this). Every
     message a coordinator sends is bounded in size whatever the world size (``sources``: at most
-    ``planner.MAX_SOURCES``). ``layout``: Assign's ``shard``, ``holders``, ``holds``."""
+    ``planner.MAX_SOURCES``; ``lost``: at most the ranks of the nodes lost). ``layout``: Assign's
+    ``shard``, ``holders``, ``holds``."""
     src = [{"worker": s, "host": endpoints[s][0], "port": endpoints[s][1]} for s in sources]
     msg = {"type": "assign", "gen": gen, "rank": rank, "world": world, "step": step, "sources": src, "faults_done": faults_done, **(layout or {})}
     if rank is None:
         del msg["rank"]
     if load:
         msg["load"] = load
+    if lost:
+        msg["lost"] = list(lost)
     return msg
 
 

@@ -120,7 +120,7 @@ class JobMachine:
 
     def all_done(self) -> bool:
         done = self.g(self.gen).done
-        return len(done) == self.world and all(w in done for w in self.members.ranks.values())
+        return len(done) == len(self.members.ranks) and all(w in done for w in self.members.ranks.values())  # fewer than world once shrunk
 
     def attention(self) -> bool:
         """Does training need a decision now (a failure, a request, an error, the end)?"""

@@ -51,8 +51,14 @@ def plan_recovery(
     active_nodes: Set[str],
     bad_nodes: Set[str],
     max_sources: int = MAX_SOURCES,
+    shrink_to: Optional[Tuple[int, Mapping[str, str]]] = None,
 ) -> Tuple[Optional[Plan], str]:
     """Replace every failed rank by a spare and pick state sources. Returns (plan or None, reason).
+
+    ``shrink_to`` = (``cluster.min_nodes``, worker -> node): a job that may shrink. With too few
+    spares, the survivors go on alone while they live on at least that many nodes: the plan
+    promotes nobody and its ranks are the survivors' (the lost ranks are trained by them:
+    rundir/numbering.py ``shrunk``).
 
     The target step is the newest step any survivor holds: a survivor can be one step ahead
     when an allreduce completed on part of the ring (its result is valid: every rank
@@ -69,13 +75,20 @@ def plan_recovery(
     target = max(known.values())
     holders = [w for r, w in sorted(survivors.items()) if known.get(w) == target]
     promoted, why = _promote(ranks, failed, spares, active_nodes, bad_nodes)
+    shrunk = ""
+    if promoted is None and shrink_to is not None:
+        min_nodes, node_of = shrink_to
+        live = len({node_of[w] for w in survivors.values()})
+        if live < min_nodes:
+            return None, f"{why}, and the survivors live on {live} node(s), fewer than cluster.min_nodes={min_nodes}"
+        promoted, shrunk = {}, f"no spare left: shrinks to the {len(survivors)} surviving ranks on {live} node(s) (cluster.min_nodes={min_nodes})"
     if promoted is None:
         return None, why
     new_ranks = dict(survivors)
     new_ranks.update(promoted)
     needing = [w for r, w in sorted(new_ranks.items()) if r in promoted or known.get(w) != target]
     sources = {w: spread_sources(holders, i, max_sources) for i, w in enumerate(needing)}
-    reason = f"target step {target}; " + ", ".join(f"rank {r} -> {w}" for r, w in promoted.items())
+    reason = f"target step {target}; " + (shrunk or ", ".join(f"rank {r} -> {w}" for r, w in promoted.items()))
     return Plan(target, dict(sorted(new_ranks.items())), promoted, sources), reason
 
 

@@ -43,10 +43,13 @@ class Options:
     heartbeat_timeout_s: float
     heartbeat_interval_s: float
     max_start_failures: int = MAX_START_FAILURES
+    min_nodes: Optional[int] = None  # cluster.min_nodes below cluster.nodes: with no spare left the job shrinks to no fewer nodes
 
     @classmethod
     def from_cluster(cls, c: Any) -> "Options":
-        return cls(float(c.recovery_timeout_s), float(c.startup_timeout_s), float(c.heartbeat_timeout_s), float(c.heartbeat_interval_s))
+        m = c.min_nodes
+        shrink = m if m is not None and int(m) < int(c.nodes) else None
+        return cls(float(c.recovery_timeout_s), float(c.startup_timeout_s), float(c.heartbeat_timeout_s), float(c.heartbeat_interval_s), min_nodes=shrink)
 
 
 # ---------------------------------------------------------------- what the shell is told to do
@@ -273,8 +276,12 @@ class RecoveryMachine:
         assert self.record is not None
         self.record.target_step = plan.target_step
         self.plan = plan
+        before = len(self.members.ranks)
         self.members.adopt(plan)
         out: List[Action] = [Emit("spare_promoted", w, {"rank": r, "step": plan.target_step}) for r, w in plan.promoted.items()]
+        if len(plan.ranks) < before:  # no spare left: the survivors go on alone, training the lost ranks too
+            nodes = len({self.members.workers[w].node for w in plan.ranks.values()})
+            out.append(Emit("shrunk", None, {"step": plan.target_step, "ranks": sorted(plan.ranks), "processes": len(plan.ranks), "nodes": nodes, "reason": reason}))
         if self.layout.sharded:  # holders are named by address: a promoted spare must be serving first
             workers = self.members.workers
             self._enter(BUILD, lambda: all(workers[w].built for w in plan.promoted.values()), now + self.opts.startup_timeout_s)
@@ -286,7 +293,8 @@ class RecoveryMachine:
         spares = [sp for sp in m.spares() if sp.worker not in self.doomed]
         if self.layout.sharded:
             return plan_sharded_recovery(m.ranks, m.failed(), inventories(self._tally.held), self.layout.shard_of, spares, m.active_nodes, m.bad_nodes)
-        return plan_recovery(m.ranks, m.failed(), held_steps, spares, m.active_nodes, m.bad_nodes)
+        shrink_to = None if self.opts.min_nodes is None else (self.opts.min_nodes, {w: m.workers[w].node for w in m.ranks.values()})
+        return plan_recovery(m.ranks, m.failed(), held_steps, spares, m.active_nodes, m.bad_nodes, shrink_to=shrink_to)
 
     def _assign(self, now: float) -> List[Action]:
         plan = self.plan

@@ -43,6 +43,7 @@ class Reformer:
         nothing to fetch or load (most of a recovery's ranks), gets one shared message without a
         rank, encoded once (and one entry per node's relay): at 10k ranks, 10k encodings fewer."""
         done, world = sorted(self.job.faults_done), self.job.world
+        lost = [r for r in range(world) if r not in ranks] if len(ranks) < world else []  # a shrunk job: the survivors train these too
         ends = Endpoints(self.workers)
         self.job.members.assign(ranks)
         if self.job.layout.sharded:
@@ -54,9 +55,9 @@ class Reformer:
                 keeping.append(wid)
                 continue
             shard_load = _shard_copy(load, extra.get("shard"))
-            self.control.send(self.workers[wid], messages.assign(self.job.gen, r, world, step, sources.get(wid, ()), ends, done, shard_load, extra))
+            self.control.send(self.workers[wid], messages.assign(self.job.gen, r, world, step, sources.get(wid, ()), ends, done, shard_load, extra, lost))
         if keeping:
-            self.control.broadcast(keeping, messages.assign(self.job.gen, None, world, step, (), ends, done))
+            self.control.broadcast(keeping, messages.assign(self.job.gen, None, world, step, (), ends, done, lost=lost))
 
     def reformed(self, rec: Any, plan: Any) -> None:
         survivors = self._survivor_continuity(rec)

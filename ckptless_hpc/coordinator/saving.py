@@ -125,7 +125,7 @@ class Saver:
 
     async def save_final(self, done: Dict[str, Any]) -> Dict[str, Any]:
         """train.save_final: the state every rank finished with, one file per shard (written by
-        the lowest rank holding it), then its index and the full model (rank 0, from the files):
+        the lowest rank holding it), then its index and the full model (the lowest live rank, from the files):
         RUN_DIR/final/state/ and RUN_DIR/final/model.pt. What was written, or why not."""
         r, step = self.record, self.cfg.train.steps
         writers = verdicts.final_writers(done, {w: self.workers[w].rank for w in done}, self.layout.shard_of)
@@ -133,10 +133,11 @@ class Saver:
             return {"error": f"the final state was not written: {r.save_error or 'a writer did not answer'}"}
         files = [r.shard_saves[k]["path"] for k in sorted(r.shard_saves)]
         r.final = None
-        rank0 = self.workers[self.job.members.ranks[0]]
-        self.control.send(rank0, Export(files, r.paths.final_model, step).encode())
-        await self.wait(lambda: r.final is not None or rank0.role == "dead", self.timeout_s)
-        return r.final or {"error": f"rank 0 did not write {r.paths.final_model} within cluster.recovery_timeout_s={self.timeout_s}s"}
+        lowest = min(self.job.members.ranks)  # rank 0, unless a job that shrank lost it
+        exporter = self.workers[self.job.members.ranks[lowest]]
+        self.control.send(exporter, Export(files, r.paths.final_model, step).encode())
+        await self.wait(lambda: r.final is not None or exporter.role == "dead", self.timeout_s)
+        return r.final or {"error": f"rank {lowest} did not write {r.paths.final_model} within cluster.recovery_timeout_s={self.timeout_s}s"}
 
     # ---------------------------------------------------------------- the endings
     async def save_and_requeue(self, reason: str, survivors: Dict[int, str], held: Optional[Dict[str, Any]] = None, state_lost: bool = False) -> int:

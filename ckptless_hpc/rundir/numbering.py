@@ -8,7 +8,7 @@ the rule lives here, below both; ``coordinator/planner.py`` imports it. Pure.
 
 from __future__ import annotations
 
-from typing import Dict, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 
 def node_order(name: str) -> Tuple:
@@ -24,3 +24,19 @@ def initial_ranks(nodes: Sequence[Tuple[str, Sequence[str]]]) -> Dict[int, str]:
         for w in workers:
             ranks[len(ranks)] = w
     return ranks
+
+
+def shrunk(world: int, lost: Sequence[int]) -> Tuple[List[int], List[List[int]]]:
+    """A generation in which the ranks ``lost`` have no process (a job that shrank, ``cluster.min_nodes``):
+    the live ranks in order are its processes (process ``p`` is rank ``live[p]``), and the lost
+    ranks are dealt over them, spread evenly (lost rank ``i`` of ``k`` to process ``i * L // k``,
+    so a lost rank 0 goes to process 0, which then trains rank 0). Returns (live, the ranks each
+    process trains: its own first)."""
+    gone = sorted(set(int(r) for r in lost))
+    live = [r for r in range(world) if r not in set(gone)]
+    if not live:
+        raise ValueError(f"every rank of {world} is lost: nothing to shrink to")
+    holders = [[r] for r in live]
+    for i, r in enumerate(gone):
+        holders[i * len(live) // len(gone)].append(r)
+    return live, holders

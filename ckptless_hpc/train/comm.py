@@ -84,7 +84,18 @@ class Communicator:
         return list(self.holders[self.rank]) if self.holders is not None else [self.rank]
 
     @classmethod
-    def form(cls, store: Any, gen: int, rank: int, world: int, host: str, timeout_s: float, device: torch.device, backend: Optional[str] = None) -> "Communicator":
+    def form(
+        cls,
+        store: Any,
+        gen: int,
+        rank: int,
+        world: int,
+        host: str,
+        timeout_s: float,
+        device: torch.device,
+        backend: Optional[str] = None,
+        holders: Optional[List[List[int]]] = None,
+    ) -> "Communicator":
         """The group of generation ``gen``: NCCL for CUDA tensors unless ``backend`` says gloo
         (gloo also reduces CUDA tensors, through host memory: ranks may then share a GPU)."""
         backend = backend or ("nccl" if device.type == "cuda" else "gloo")
@@ -97,13 +108,13 @@ class Communicator:
             if hasattr(pg, "eager_connect_single_device"):  # connect now, not inside the first step
                 pg.eager_connect_single_device(device)
             store_barrier(prefixed, world, timeout_s)
-            return cls(pg, gen, rank, world, "nccl")
+            return cls(pg, gen, rank, world, "nccl", holders)
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = timeout
         opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
         pg = dist.ProcessGroupGloo(prefixed, rank, world, opts)  # lazy setup (TORCH_GLOO_LAZY_INIT=1): no pair connected yet
         store_barrier(prefixed, world, timeout_s)
-        return cls(pg, gen, rank, world, "gloo")
+        return cls(pg, gen, rank, world, "gloo", holders)
 
     def release(self, deadline_s: float) -> None:
         """Let go of this generation's group after a failed or abandoned step. NCCL: abort the

@@ -31,7 +31,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -39,6 +39,7 @@ from .. import faults as faultlib
 from ..config import Shape
 from ..control import messages as m
 from ..control.client import ControlClient, exit_now
+from ..rundir.numbering import shrunk
 from ..state.snapshot import state_nbytes
 from ..state.transfer import Arena, StateServer, TransferError
 from ..tasks.selfcheck import check_batch_determinism
@@ -308,7 +309,11 @@ class Agent:
             return  # superseded before we got to it; the abort that follows gets our answer
         if msg.rank is None and s.ready_rank is None:
             raise RuntimeError(f"gen {gen}: an assign without a rank, and this worker was never ready as any rank. HINT: this is a coordinator bug; please report it")
-        s.join(gen, s.ready_rank if msg.rank is None else msg.rank, msg.world)  # no rank: keep the one it was last ready as
+        rank = s.ready_rank if msg.rank is None else msg.rank  # no rank: keep the one it was last ready as
+        # a job that shrank (msg.lost): the live ranks are the group's processes, each training its ranks
+        live, holders = shrunk(msg.world, msg.lost or [])
+        group = (live.index(rank), len(live), holders) if msg.lost else (rank, msg.world, None)
+        s.join(gen, rank, msg.world, holders[live.index(rank)])
         self.faults.done = set(msg.faults_done)
         self.peers.drop_behind()  # a generation that never trained: the parameters alone are no state
         target = msg.step
@@ -317,7 +322,7 @@ class Agent:
             self.shards.assign(gen, msg.shard, msg.holders or [], msg.holds or [])
             if s.step != target and self.shards.restore(self.engine, target):
                 s.at(target)  # rolled back to its own snapshot: the newest step every shard is held at
-        form_s = self._start_generation(msg, gen, target)
+        form_s = self._start_generation(msg, gen, target, group)
         if form_s is None:
             return
         s.ready_rank = s.rank
@@ -327,9 +332,10 @@ class Agent:
         if failed is not None:
             self._send_held(None, reason=failed)  # COLLECTIVE_ERROR + why
 
-    def _start_generation(self, msg: m.Assign, gen: int, target: int) -> Optional[float]:
-        """The state of ``target`` (held, loaded or fetched), then the generation's group; the
-        seconds the formation took, or None when it could not start (reported) or was aborted."""
+    def _start_generation(self, msg: m.Assign, gen: int, target: int, group: Tuple[int, int, Optional[List[List[int]]]]) -> Optional[float]:
+        """The state of ``target`` (held, loaded or fetched), then the generation's group (its
+        rank, size and who trains which ranks); the seconds the formation took, or None when it
+        could not start (reported) or was aborted."""
         s, timeout_s = self.standing, self.cfg.cluster.recovery_timeout_s
         try:
             if msg.load and s.step != target:
@@ -339,7 +345,7 @@ class Agent:
             s.holds_job_state = True  # loaded, fetched, or the fresh init of a job at step 0
             t0 = time.monotonic()
             self.client.send(m.Joining(gen, s.step))
-            self.groups.comm = self.waiter.run(lambda: self.groups.form(gen, s.rank, s.world), gen, timeout_s, "form-group")
+            self.groups.comm = self.waiter.run(lambda: self.groups.form(gen, *group), gen, timeout_s, "form-group")
             self.engine.bind(self.groups.comm)
             if self.shards is not None:  # after the bind: a promoted FSDP spare holds its shard only once sharded
                 self.shards.start_generation(self.engine, target)

@@ -6,7 +6,7 @@ block; train/comm.py)."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import torch
 
@@ -28,15 +28,16 @@ class Groups:
         self._retired = Retired()  # past generations' groups and store clients, released once idle
         self._released_before = 0
 
-    def form(self, gen: int, rank: int, world: int) -> Communicator:
+    def form(self, gen: int, rank: int, world: int, holders: Optional[List[List[int]]] = None) -> Communicator:
         """Generation ``gen``'s group, on a store client of its own (an abandoned formation may
-        block its client forever); both are retired with the generation."""
+        block its client forever); both are retired with the generation. ``holders``: the ranks
+        each process trains, in a job that shrank (train/comm.py)."""
         self._retired.forming(gen, True)
         try:
             host, _, port = self.store_addr.rpartition(":")
             store = connect_store(host, int(port), self.secret, self.cluster.recovery_timeout_s)
             self._retired.keep(gen, store)
-            comm = Communicator.form(store, gen, rank, world, self.host, self.cluster.collective_timeout_s, self.device, self.backend)
+            comm = Communicator.form(store, gen, rank, world, self.host, self.cluster.collective_timeout_s, self.device, self.backend, holders)
             self.engine.form_groups(store, comm, self.host, self.cluster.collective_timeout_s)
             return comm
         finally:

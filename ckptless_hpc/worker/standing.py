@@ -5,7 +5,7 @@ rank, node, step), kept in step with them. One object, read by the worker's coll
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 
 class Standing:
@@ -15,6 +15,7 @@ class Standing:
         self.rank: Optional[int] = None
         self.ready_rank: Optional[int] = None  # the rank it last said ready as: a rankless assign keeps it
         self.world = 0
+        self.trains: List[int] = []  # the ranks it trains: its own; in a job that shrank, lost ones' too
         self.step: Optional[int] = None  # committed step of the state held; None = no valid state
         # whether that state is the job's: a spare's freshly built model is step 0 of a fresh
         # init, and becomes the job's state only once assigned at step 0, fetched or loaded
@@ -22,9 +23,16 @@ class Standing:
         self.training = False
         self.compute_s: Optional[float] = None  # forward+backward time of the last step (straggler detection)
 
-    def join(self, gen: int, rank: int, world: int) -> None:
+    def join(self, gen: int, rank: int, world: int, trains: Optional[List[int]] = None) -> None:
         self.gen, self.rank, self.world = gen, rank, world
+        self.trains = list(trains) if trains else [rank]
         self.ctx.update(gen=gen, rank=rank)
+
+    @property
+    def lead(self) -> bool:
+        """Whether it trains rank 0, and so reports the job's metrics and evaluations and writes
+        the replicated state's periodic copy (rank 0, or its holder in a job that shrank)."""
+        return 0 in self.trains
 
     def at(self, step: int) -> None:
         """The state held is now that of committed step ``step``."""

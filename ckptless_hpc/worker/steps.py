@@ -121,9 +121,9 @@ class Steps:
         s.at(step + 1)
         if self.shards is not None:
             self.shards.committed(self.engine, s.step)
-        self.periodic.after_commit(s.step, s.rank, self.shards.shard if self.shards is not None else 0, self.engine.collect)
+        self.periodic.after_commit(s.step, 0 if s.lead else s.rank, self.shards.shard if self.shards is not None else 0, self.engine.collect)
         self.groups.works(gen)  # this generation works: what the older ones left can go
-        if s.rank == 0:
+        if s.lead:
             self.client.send(
                 Metrics(
                     s.step,
@@ -145,7 +145,7 @@ class Steps:
         generation that recovers starts at this step and evaluates again)."""
         step, t0 = self.standing.step, time.perf_counter()
         values = self.engine.evaluate(step, lambda futures: self._wait(futures, gen, step), lambda: self.faults.fire_due("eval", step))
-        if self.standing.rank == 0:
+        if self.standing.lead:
             self.client.send(Eval(step, values, gen=gen, eval_s=time.perf_counter() - t0))
 
     def _report_nonfinite(self, gen: int, step: int, res: StepResult) -> None:

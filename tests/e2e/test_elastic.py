@@ -1,0 +1,59 @@
+"""Elastic and still bitwise (cluster.min_nodes): with no spare left a node loss shrinks the job,
+the survivors train the lost ranks' micro-batches too, and the job ends with exactly the bits of
+the fault-free run of the same config (the fixed-order reduction in both). Real coordinator,
+real worker processes, real signals. A loss below cluster.min_nodes stops the job as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+ENV = {"PYTHONPATH": str(Path(__file__).parent / "tasks_for_tests")}
+# BatchNorm (rank 0's statistics), dropout, two micro-batches, a clip that bites; three nodes, no spare
+ELASTIC = (
+    "~task",
+    "+task._target_=engine_tasks.BatchNormSGD",
+    "optim.lr=0.05",
+    "train.steps=40",
+    "train.grad_accum=2",
+    "train.clip_grad_norm=0.05",
+    "cluster.nodes=3",
+    "cluster.spare_nodes=0",
+    "cluster.min_nodes=2",
+)
+
+
+def _shrunk(res, lost_node: str) -> dict:
+    assert res.rc == 0, res.out[-4000:]
+    s = res.summary
+    assert s["status"] == "completed" and s["steps_completed"] == s["steps_requested"], s
+    assert len(s["faults_fired"]) == len(s["faults"]) == 1, s
+    (shrunk,) = res.of("shrunk")
+    assert shrunk["processes"] == 2 and shrunk["nodes"] == 2, shrunk
+    (excluded,) = res.of("node_excluded")
+    assert excluded["node"] == lost_node
+    return shrunk
+
+
+@pytest.mark.parametrize("node", [2, 0])
+def test_a_node_lost_with_no_spare_shrinks_and_ends_with_the_fault_free_bits(node, job, baseline):
+    """Node 2 (a rank the survivors take on), node 0 (rank 0: its buffers, metrics and the final
+    export move to another process)."""
+    res = job(*ELASTIC, "fault=kill_node", f"fault.node={node}", "fault.step=15", env=ENV)
+    shrunk = _shrunk(res, f"local{node}")
+    assert shrunk["ranks"] == sorted({0, 1, 2} - {node})
+    fault_free = baseline.result(*ELASTIC, env=ENV).summary
+    assert res.summary["final_state_sha256"] == fault_free["final_state_sha256"]
+    assert res.summary["final"]["model"]["sha256"] == fault_free["final"]["model"]["sha256"]
+    assert not fault_free["recoveries"] and not baseline.result(*ELASTIC, env=ENV).of("shrunk")
+
+
+def test_a_loss_below_min_nodes_stops_the_job_as_before(job):
+    res = job(*ELASTIC, "fault=kill_node", "fault.node=1", "fault.step=10", "fault.schedule=[{kind:kill_node,node:2,step:20}]", env=ENV)
+    assert res.rc == 3, res.out[-4000:]
+    s = res.summary
+    assert s["status"] == "no_spare" and "fewer than cluster.min_nodes=2" in s["error"], s["error"]
+    assert len(res.of("shrunk")) == 1 and s["saved_state"]["step"] in (20, 21)
