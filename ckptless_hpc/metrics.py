@@ -123,6 +123,41 @@ class DelayHistogram:
         return {"count": self.n, "p50_ms": self.percentile_ms(0.5), "p99_ms": self.percentile_ms(0.99), "max_ms": round(1000 * self.max_s, 3)}
 
 
+class Degraded:
+    """When a job that shrank (``cluster.min_nodes``) trained with fewer processes than ranks:
+    one span per shrink, from the step it shrank at to the step a grow-back made it whole."""
+
+    def __init__(self) -> None:
+        self.spans: List[Dict[str, Any]] = []
+
+    def reformed(self, step: int, t: float, processes: int, world: int) -> None:
+        """A generation of ``processes`` processes for ``world`` ranks starts at ``step``, time ``t``."""
+        open_ = bool(self.spans) and self.spans[-1]["to_step"] is None
+        if processes < world and not open_:
+            self.spans.append({"from_step": step, "to_step": None, "processes": processes, "t_from": t, "t_to": None})
+        elif processes < world:
+            self.spans[-1]["processes"] = min(processes, self.spans[-1]["processes"])  # the fewest it came to
+        elif open_:
+            self.spans[-1].update(to_step=step, t_to=t)
+
+    @property
+    def now(self) -> bool:
+        return bool(self.spans) and self.spans[-1]["to_step"] is None
+
+    def report(self, now: float, last_step: int) -> Dict[str, Any]:
+        """``{"seconds", "spans": [{"from_step", "to_step", "processes", "seconds"}]}``: a span still open ends now."""
+        spans = [
+            {
+                "from_step": s["from_step"],
+                "to_step": last_step if s["to_step"] is None else s["to_step"],
+                "processes": s["processes"],
+                "seconds": round((s["t_to"] or now) - s["t_from"], 3),
+            }
+            for s in self.spans
+        ]
+        return {"seconds": round(sum(s["seconds"] for s in spans), 3), "spans": spans}
+
+
 def goodput(productive_s: float, wall_s: float) -> float:
     """Fraction of wall time (after start-up) spent in steps that count."""
     return 0.0 if wall_s <= 0 else min(1.0, productive_s / wall_s)

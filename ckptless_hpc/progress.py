@@ -35,7 +35,7 @@ class Snapshot:
         rate = f"{self.samples_per_s:.0f} samples/s" if self.samples_per_s else f"{self.steps_per_s:.1f} steps/s"
         own = "".join(f" {k} {v:.4g}" for k, v in sorted((self.metrics or {}).items()))
         return (
-            f"step {self.step}/{self.total} loss {self.loss:.4f}{own} | {rate} | workers {self.alive}/{self.world} "
+            f"step {self.step}/{self.total} loss {self.loss:.4f}{own} | {rate} | workers {self.alive}/{self.world}{' (degraded)' if self.alive < self.world else ''} "
             f"spares {self.spares} | recoveries {self.recoveries} | goodput {100 * self.goodput:.1f}% | gen {self.gen}"
         )
 

@@ -124,7 +124,13 @@ class JobMachine:
 
     def attention(self) -> bool:
         """Does training need a decision now (a failure, a request, an error, the end)?"""
-        return bool(self.pending or self.save_requested or self.cancel_requested or self.nonfinite) or self.reform_requested or self.fatal is not None or self.all_done()
+        return (
+            bool(self.pending or self.save_requested or self.cancel_requested or self.nonfinite)
+            or self.reform_requested
+            or self.fatal is not None
+            or self.all_done()
+            or self.grow_due()
+        )
 
     def recovery_settled(self) -> bool:
         """While recovering: can the recovery move on without waiting (new failures, all answered)?"""
@@ -165,7 +171,7 @@ class JobMachine:
         if self.save_requested and not self.all_done():
             self.phase = Phase.SAVING
             return [SaveAndRequeue(self.save_requested)], "save requested (preemption or time limit)"
-        if self.pending or self.reform_requested:
+        if self.pending or self.reform_requested or self.grow_due():
             self.phase = Phase.RECOVERING
             self.recovery = RecoveryMachine(self.members, self.layout, self.opts.recovery, self.gen, self.doomed, self.fault_times)
             return self._recovering(now, False)
@@ -258,7 +264,16 @@ class JobMachine:
         return f.index, spare.wid
 
     def refills(self) -> int:
-        """How many spare nodes to start now (``cluster.spare_nodes`` are kept, counted in nodes)."""
+        """How many spare nodes to start now: ``cluster.spare_nodes`` are kept (counted in nodes),
+        and in a job that shrank one more per node's worth of ranks without a process (to grow back)."""
         if self.stopping or not self.opts.refill_spares:
             return 0
-        return self.members.spare_nodes_missing(self.opts.spare_nodes)
+        vacant = self.world - len(self.members.ranks)
+        return self.members.spare_nodes_missing(self.opts.spare_nodes + (-(-vacant // self.members.wpn) if vacant > 0 else 0))
+
+    def grow_due(self) -> bool:
+        """A job that shrank has a built spare: re-form (with no failure) to hand it ranks back
+        (the recovery's plan promotes it, recovery.py). O(1) unless the job is shrunk."""
+        if len(self.members.ranks) >= self.world or self.opts.recovery.min_nodes is None or self.phase is not Phase.TRAINING or self.all_done():
+            return False
+        return any(sp.ready and sp.worker not in self.doomed and sp.node not in self.members.bad_nodes for sp in self.members.spares())

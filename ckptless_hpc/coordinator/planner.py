@@ -21,6 +21,16 @@ class Spare:
     ready: bool  # model built, waiting
 
 
+@dataclass(frozen=True)
+class Elastic:
+    """A job that may shrink (``cluster.min_nodes`` < ``cluster.nodes``): ranks ``0..world-1``,
+    each worker's node, and the fewest nodes of workers it goes on with."""
+
+    world: int
+    min_nodes: int
+    node_of: Mapping[str, str]
+
+
 @dataclass
 class Plan:
     target_step: int
@@ -51,14 +61,15 @@ def plan_recovery(
     active_nodes: Set[str],
     bad_nodes: Set[str],
     max_sources: int = MAX_SOURCES,
-    shrink_to: Optional[Tuple[int, Mapping[str, str]]] = None,
+    elastic: Optional[Elastic] = None,
 ) -> Tuple[Optional[Plan], str]:
     """Replace every failed rank by a spare and pick state sources. Returns (plan or None, reason).
 
-    ``shrink_to`` = (``cluster.min_nodes``, worker -> node): a job that may shrink. With too few
-    spares, the survivors go on alone while they live on at least that many nodes: the plan
-    promotes nobody and its ranks are the survivors' (the lost ranks are trained by them:
-    rundir/numbering.py ``shrunk``).
+    ``elastic``: a job that may shrink. The ranks to fill are the failed ones and those a
+    shrink left without a process (lowest first); what the spares cannot fill stays with the
+    survivors (rundir/numbering.py ``shrunk``), while the workers live on at least
+    ``min_nodes`` nodes. The plan's ranks are then fewer than ``world``; a recovery with no
+    failure grows the job back once a spare is there.
 
     The target step is the newest step any survivor holds: a survivor can be one step ahead
     when an allreduce completed on part of the ring (its result is valid: every rank
@@ -74,21 +85,20 @@ def plan_recovery(
         return None, f"no surviving rank holds a committed state (failed: {sorted(failed)})"
     target = max(known.values())
     holders = [w for r, w in sorted(survivors.items()) if known.get(w) == target]
-    promoted, why = _promote(ranks, failed, spares, active_nodes, bad_nodes)
-    shrunk = ""
-    if promoted is None and shrink_to is not None:
-        min_nodes, node_of = shrink_to
-        live = len({node_of[w] for w in survivors.values()})
-        if live < min_nodes:
-            return None, f"{why}, and the survivors live on {live} node(s), fewer than cluster.min_nodes={min_nodes}"
-        promoted, shrunk = {}, f"no spare left: shrinks to the {len(survivors)} surviving ranks on {live} node(s) (cluster.min_nodes={min_nodes})"
-    if promoted is None:
-        return None, why
+    if elastic is None:
+        promoted, why = _promote(ranks, failed, spares, active_nodes, bad_nodes)
+        if promoted is None:
+            return None, why
+        shrunk = ""
+    else:
+        promoted, shrunk = _promote_elastic(ranks, failed, spares, active_nodes, bad_nodes, elastic)
+        if promoted is None:
+            return None, shrunk
     new_ranks = dict(survivors)
     new_ranks.update(promoted)
     needing = [w for r, w in sorted(new_ranks.items()) if r in promoted or known.get(w) != target]
     sources = {w: spread_sources(holders, i, max_sources) for i, w in enumerate(needing)}
-    reason = f"target step {target}; " + (shrunk or ", ".join(f"rank {r} -> {w}" for r, w in promoted.items()))
+    reason = f"target step {target}; " + ", ".join([f"rank {r} -> {w}" for r, w in promoted.items()] + ([shrunk] if shrunk else []))
     return Plan(target, dict(sorted(new_ranks.items())), promoted, sources), reason
 
 
@@ -99,6 +109,27 @@ def _promote(ranks: Mapping[int, str], failed: Set[str], spares: Sequence[Spare]
     if len(candidates) < len(lost):
         return None, f"no spare left: {len(lost)} rank(s) {lost} failed and {len(candidates)} usable spare(s) remain"
     return {r: candidates[i].worker for i, r in enumerate(lost)}, ""
+
+
+def _promote_elastic(
+    ranks: Mapping[int, str], failed: Set[str], spares: Sequence[Spare], active_nodes: Set[str], bad_nodes: Set[str], e: Elastic
+) -> Tuple[Optional[Dict[int, str]], str]:
+    """Each rank without a process (failed, or left by a shrink), lowest first -> a usable spare,
+    as far as they go; (promoted, what is left to the survivors) or (None, why) when the workers
+    would live on fewer than ``min_nodes`` nodes."""
+    lost = sorted({r for r, w in ranks.items() if w in failed} | (set(range(e.world)) - set(ranks)))
+    candidates = order_spares(spares, active_nodes, bad_nodes)
+    promoted = {r: candidates[i].worker for i, r in enumerate(lost[: len(candidates)])}
+    left = lost[len(promoted) :]
+    if not left:
+        return promoted, ""
+    nodes = {e.node_of[w] for w in ranks.values() if w not in failed} | {s.node for s in candidates[: len(promoted)]}
+    if len(nodes) < e.min_nodes:
+        return None, f"no spare left: rank(s) {left} have no process and the workers would live on {len(nodes)} node(s), fewer than cluster.min_nodes={e.min_nodes}"
+    return (
+        promoted,
+        f"no spare left: rank(s) {left} trained by the {len(ranks) - len(failed & set(ranks.values())) + len(promoted)} processes on {len(nodes)} node(s) (cluster.min_nodes={e.min_nodes})",
+    )
 
 
 def spread_sources(holders: Sequence[str], i: int, k: int) -> List[str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional
 
 from ..config import fault_list
-from ..metrics import Recovery, goodput
+from ..metrics import Degraded, Recovery, goodput
 from ..rundir.events import EventLog
 from ..rundir.paths import RunPaths
 from ..rundir.record import Failures, RecordError, write_json
@@ -30,6 +30,7 @@ class RunRecord:
         self.final: Optional[Dict[str, Any]] = None  # train.save_final: what the final save wrote
         self.resume: Optional[Dict[str, Any]] = None  # emergency copy to start from (after a requeue)
         self.recoveries: List[Recovery] = []
+        self.degraded = Degraded()  # a job that shrank: when it trained with fewer processes than ranks
         self.summary: Dict[str, Any] = {}
 
     @classmethod
@@ -94,6 +95,8 @@ def summary(
         "final_state_sha256": final_sha,
         "final": final,  # train.save_final: the model file and the state folder, with their sha256
         "world_size": job.world,
+        "workers": f"{len(job.members.ranks)}/{job.world}" + (" (degraded)" if len(job.members.ranks) < job.world else ""),
+        "degraded": r.degraded.report(r.clock(), t.steps.last_step or 0),
         "generations": job.gen + 1,
         **r.timing(t.steps.productive_s),
         "final_loss": t.steps.last_loss,

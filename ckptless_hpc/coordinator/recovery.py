@@ -27,7 +27,7 @@ from ..metrics import Recovery
 from ..state.placement import LOST
 from ..control.messages import Fetched, Held, Joining, Message, Ready
 from .membership import Membership
-from .planner import Plan, plan_recovery, plan_sharded_recovery
+from .planner import Elastic, Plan, plan_recovery, plan_sharded_recovery
 from .sharding import Layout, inventories
 from .tally import Arrivals
 
@@ -44,12 +44,14 @@ class Options:
     heartbeat_interval_s: float
     max_start_failures: int = MAX_START_FAILURES
     min_nodes: Optional[int] = None  # cluster.min_nodes below cluster.nodes: with no spare left the job shrinks to no fewer nodes
+    world: int = 0  # the job's ranks (cluster.nodes x cluster.workers_per_node): those a shrink leaves without a process are refilled
 
     @classmethod
     def from_cluster(cls, c: Any) -> "Options":
         m = c.min_nodes
-        shrink = m if m is not None and int(m) < int(c.nodes) else None
-        return cls(float(c.recovery_timeout_s), float(c.startup_timeout_s), float(c.heartbeat_timeout_s), float(c.heartbeat_interval_s), min_nodes=shrink)
+        elastic = int(m) if m is not None and int(m) < int(c.nodes) else None
+        times = float(c.recovery_timeout_s), float(c.startup_timeout_s), float(c.heartbeat_timeout_s), float(c.heartbeat_interval_s)
+        return cls(*times, min_nodes=elastic, world=int(c.nodes) * int(c.workers_per_node))
 
 
 # ---------------------------------------------------------------- what the shell is told to do
@@ -279,9 +281,10 @@ class RecoveryMachine:
         before = len(self.members.ranks)
         self.members.adopt(plan)
         out: List[Action] = [Emit("spare_promoted", w, {"rank": r, "step": plan.target_step}) for r, w in plan.promoted.items()]
-        if len(plan.ranks) < before:  # no spare left: the survivors go on alone, training the lost ranks too
+        if len(plan.ranks) != before:  # shrunk (the survivors train the lost ranks too), or grown back
             nodes = len({self.members.workers[w].node for w in plan.ranks.values()})
-            out.append(Emit("shrunk", None, {"step": plan.target_step, "ranks": sorted(plan.ranks), "processes": len(plan.ranks), "nodes": nodes, "reason": reason}))
+            kind = "shrunk" if len(plan.ranks) < before else "grown"
+            out.append(Emit(kind, None, {"step": plan.target_step, "ranks": sorted(plan.ranks), "processes": len(plan.ranks), "nodes": nodes, "reason": reason}))
         if self.layout.sharded:  # holders are named by address: a promoted spare must be serving first
             workers = self.members.workers
             self._enter(BUILD, lambda: all(workers[w].built for w in plan.promoted.values()), now + self.opts.startup_timeout_s)
@@ -293,8 +296,8 @@ class RecoveryMachine:
         spares = [sp for sp in m.spares() if sp.worker not in self.doomed]
         if self.layout.sharded:
             return plan_sharded_recovery(m.ranks, m.failed(), inventories(self._tally.held), self.layout.shard_of, spares, m.active_nodes, m.bad_nodes)
-        shrink_to = None if self.opts.min_nodes is None else (self.opts.min_nodes, {w: m.workers[w].node for w in m.ranks.values()})
-        return plan_recovery(m.ranks, m.failed(), held_steps, spares, m.active_nodes, m.bad_nodes, shrink_to=shrink_to)
+        elastic = None if self.opts.min_nodes is None else Elastic(self.opts.world, self.opts.min_nodes, {w: m.workers[w].node for w in m.ranks.values()})
+        return plan_recovery(m.ranks, m.failed(), held_steps, spares, m.active_nodes, m.bad_nodes, elastic=elastic)
 
     def _assign(self, now: float) -> List[Action]:
         plan = self.plan
@@ -336,6 +339,7 @@ class RecoveryMachine:
         rec.gen = self.gen
         rec.t_ready = now
         rec.replacements = {str(r): self.members.ranks[r] for r in rec.failed_ranks if r in self.members.ranks}
+        rec.replacements.update({str(r): w for r, w in plan.promoted.items() if r in self.members.ranks})  # a grow-back: ranks no process held
         rec.transfer_s = max([f.seconds for f in t.fetched], default=0.0)
         rec.bytes_transferred = sum(f.bytes for f in t.fetched)
         return [Reformed(rec, plan)]

@@ -62,6 +62,7 @@ class Reformer:
     def reformed(self, rec: Any, plan: Any) -> None:
         survivors = self._survivor_continuity(rec)
         self.record.recoveries.append(rec)
+        self.record.degraded.reformed(plan.target_step, rec.t_ready, len(self.ranks), self.job.world)
         self.emit(
             "reformed",
             step=plan.target_step,
@@ -72,7 +73,8 @@ class Reformer:
             at=rec.t_ready,
             survivors=survivors,
         )
-        self.telemetry.feed.reformed(rec, len(rec.replacements) if self.cfg.cluster.refill_spares else 0)  # refilled once it resumed
+        vacant = self.job.world - len(self.ranks)  # a job that shrank: spares to grow back too
+        self.telemetry.feed.reformed(rec, len(rec.replacements) + vacant if self.cfg.cluster.refill_spares else 0)  # refilled once it resumed
 
     def _survivor_continuity(self, rec: Any) -> Dict[str, Any]:
         """Are the survivors of this recovery the processes launched for them? Measured by the

@@ -99,9 +99,15 @@ def human_summary(s: Dict[str, Any]) -> str:
         lines.append(f"model        {final['model']['path']} (sha256 {final['model']['sha256'][:16]}); whole state in {final['state']['path']}")
     if s.get("eval"):
         lines.insert(4, f"eval         step {s['eval']['step']}: " + "  ".join(f"{k} {v:.4f}" for k, v in sorted(s["eval"]["metrics"].items())))
+    degraded = s.get("degraded") or {}
+    if degraded.get("spans"):
+        spans = ", ".join(f"steps {d['from_step']}-{d['to_step']} on {d['processes']} processes ({d['seconds']:.2f}s)" for d in degraded["spans"])
+        lines.append(f"degraded     {degraded['seconds']:.2f}s: {spans}; workers {s['workers']}")
     for r in s["recoveries"]:
+        what = r["replacements"] or "shrunk: the survivors train the lost ranks"
+        head = f"ranks {r['failed_ranks']} on {','.join(r['failed_nodes'])} -> {what}" if r["failed_ranks"] else f"grown back: {what}"
         lines.append(
-            f"  gen {r['gen']}: ranks {r['failed_ranks']} on {','.join(r['failed_nodes'])} -> {r['replacements']} at step {r['target_step']}: "
+            f"  gen {r['gen']}: {head} at step {r['target_step']}: "
             f"downtime {r['downtime_s']:.2f}s (detect {r['detect_s']:.2f} + reconfigure {r['reconfigure_s']:.2f} + "
             f"transfer {r['transfer_s']:.2f} + resume {r['resume_s']:.2f}), {r['bytes_transferred'] / 1e6:.1f} MB moved, "
             f"survivors restarted {r['survivors_restarted']}"

@@ -296,6 +296,8 @@ class RecoveryView:
         return self.t_fail + self.downtime_s
 
     def cause(self) -> str:
+        if not self.failed_ranks and self.replacements:  # nothing failed, ranks handed out: a shrunk job grown back
+            return "grown back: " + ", ".join(f"rank {k} -> {v}" for k, v in self.replacements.items())
         if self.fault is not None:
             return fault_text(self.fault) + " (injected)"
         return "; ".join(sorted(set(self.reasons))) or "failure"
@@ -544,3 +546,19 @@ def global_batch(run: Run) -> Optional[int]:
     if isinstance(bs, int) and isinstance(world, int):
         return bs * world
     return None
+
+
+def degraded(events: Sequence[Event]) -> Optional[Dict[str, Any]]:
+    """A job that shrank (``cluster.min_nodes``): when it trained with fewer processes than ranks,
+    from its ``reformed`` events (metrics.Degraded's report; a span still open ends at the last
+    event), or None when it never shrank."""
+    from ..metrics import Degraded
+
+    d = Degraded()
+    for e in events:
+        if e.get("event") == "reformed" and e.get("world"):
+            d.reformed(int(e["step"]), float(e["time"]), len(e.get("ranks") or {}), int(e["world"]))
+    if not d.spans:
+        return None
+    last_step = max((int(e["step"]) for e in events if e.get("event") == "step" and e.get("step") is not None), default=0)
+    return d.report(float(events[-1]["time"]), last_step)

@@ -27,6 +27,8 @@ FIELDS: Dict[str, str] = {
     "final_state_sha256": "the oracle: the sha256 of the final training state",
     "final": "train.save_final: the model file and the state folder, with their sha256",
     "world_size": "ranks",
+    "workers": "processes / ranks at the end: '2/3 (degraded)' in a job that shrank and did not grow back (cluster.min_nodes)",
+    "degraded": "a job that shrank: {seconds, spans: [{from_step, to_step, processes, seconds}]} trained with fewer processes than ranks",
     "generations": "generations started (1 + recoveries that reformed the world)",
     "startup_s": "from the coordinator's start to generation 0 training",
     "wall_s": "training wall time (after start-up)",

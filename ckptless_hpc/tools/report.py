@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..rundir.read import PHASES, RecoveryView, Run, evaluations, global_batch, incidents, progress, recoveries, requeues, step_series
+from ..rundir.read import PHASES, RecoveryView, Run, degraded, evaluations, global_batch, incidents, progress, recoveries, requeues, step_series
 
 PHASE_COLORS = {"detect": "#d62728", "reconfigure": "#ff7f0e", "transfer": "#1f77b4", "resume": "#2ca02c"}
 PHASE_MEANING = {
@@ -71,6 +71,10 @@ def run_text(run: Run, now: float) -> str:
     lines.append(f"  recoveries      {len(recs)}" + (f", total downtime {_s(total_down)} s" if recs else ""))
     for r in recs:
         lines += recovery_lines(r)
+    shrunk = degraded(run.events)
+    if shrunk is not None:
+        lines.append(f"  degraded        {_s(shrunk['seconds'])} s with fewer processes than ranks (cluster.min_nodes):")
+        lines += [f"      steps {d['from_step']}-{d['to_step']} on {d['processes']} processes, {_s(d['seconds'])} s" for d in shrunk["spans"]]
     t0 = step_series(run.events).t0
     for f in unrecovered_failures(run, recs):
         lines.append(f"  not recovered   t={float(f['time']) - t0:.2f} s: rank {f.get('rank')} ({f.get('worker')} on {f.get('node')}) failed: {f.get('reason')}")

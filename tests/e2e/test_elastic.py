@@ -17,12 +17,13 @@ ELASTIC = (
     "~task",
     "+task._target_=engine_tasks.BatchNormSGD",
     "optim.lr=0.05",
-    "train.steps=40",
+    "train.steps=150",
     "train.grad_accum=2",
     "train.clip_grad_norm=0.05",
     "cluster.nodes=3",
     "cluster.spare_nodes=0",
     "cluster.min_nodes=2",
+    "cluster.max_refills=0",  # no node to grow back with (the grow-back test gives one: the bits do not depend on it)
 )
 
 
@@ -49,6 +50,26 @@ def test_a_node_lost_with_no_spare_shrinks_and_ends_with_the_fault_free_bits(nod
     assert res.summary["final_state_sha256"] == fault_free["final_state_sha256"]
     assert res.summary["final"]["model"]["sha256"] == fault_free["final"]["model"]["sha256"]
     assert not fault_free["recoveries"] and not baseline.result(*ELASTIC, env=ENV).of("shrunk")
+    assert res.summary["workers"] == "2/3 (degraded)" and res.summary["degraded"]["spans"][0]["to_step"] == 150
+
+
+def test_shrunk_then_grown_back_from_a_refill_ends_with_the_fault_free_bits(job, baseline):
+    """The coordinator starts a node for the lost ranks; once built, a re-forming with nothing
+    failed hands it rank 2 back, its state fetched from a peer. Rank 0 runs 5x slower for a while
+    after the loss (a straggler fault: timing only) so that the refill is there well before the end."""
+    slow = "fault.schedule=[{kind:slow,rank:0,step:16,duration:100}]"
+    res = job(*ELASTIC, "cluster.max_refills=1", "fault=kill_node", "fault.node=2", "fault.step=15", slow, env=ENV)
+    assert res.rc == 0, res.out[-4000:]
+    s = res.summary
+    assert s["status"] == "completed" and len(s["faults_fired"]) == 2, s
+    (shrunk,), (grown,) = res.of("shrunk"), res.of("grown")
+    assert shrunk["processes"] == 2 and grown["processes"] == 3 and grown["step"] > shrunk["step"]
+    assert s["final_state_sha256"] == baseline(*ELASTIC, env=ENV)
+    assert [r["replacements"] for r in s["recoveries"]] == [{}, {"2": res.of("spare_launched")[0]["node"] + ".0"}]
+    assert s["recoveries"][1]["bytes_transferred"] > 0 and s["recoveries"][1]["failed_ranks"] == []
+    (span,) = s["degraded"]["spans"]
+    assert (span["from_step"], span["to_step"], span["processes"]) == (shrunk["step"], grown["step"], 2) and span["seconds"] > 0
+    assert s["workers"] == "3/3" and "workers 2/3 (degraded)" in res.out
 
 
 def test_a_loss_below_min_nodes_stops_the_job_as_before(job):

@@ -114,3 +114,18 @@ def test_equal_to_all_reduce_within_tolerance_and_all_reduce_is_not_bitwise():
             assert torch.allclose(ar, want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
             all_reduced.append(ar)
     assert any(not torch.equal(a, all_reduced[0]) for a in all_reduced), "gloo's all-reduce was bitwise across layouts: the case shows nothing"
+
+
+def test_a_shrunk_generation_deals_the_lost_ranks_over_the_live_processes():
+    from ckptless_hpc.rundir.numbering import shrunk
+
+    assert shrunk(3, []) == ([0, 1, 2], [[0], [1], [2]])
+    assert shrunk(3, [2]) == ([0, 1], [[0, 2], [1]])
+    assert shrunk(3, [0]) == ([1, 2], [[1, 0], [2]])  # rank 0 goes to process 0: it then reports for the job
+    assert shrunk(6, [4, 5]) == ([0, 1, 2, 3], [[0, 4], [1], [2, 5], [3]])  # spread, not piled on the first
+    for world, lost in ((6, [0, 1]), (8, [1, 2, 3, 4, 5]), (5, [4])):
+        live, holders = shrunk(world, lost)
+        assert sorted(v for h in holders for v in h) == list(range(world)) and [h[0] for h in holders] == live
+        assert max(map(len, holders)) - min(map(len, holders)) <= 1 and 0 in holders[0]
+    with pytest.raises(ValueError, match="every rank"):
+        shrunk(2, [0, 1])

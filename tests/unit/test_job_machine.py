@@ -207,3 +207,43 @@ def test_a_kill_spare_fault_goes_to_one_connected_spare_once_and_dooms_it():
     job.fault_fired(1, "straggler", T0 + 1)
     job.fault_fired(2, "kill_worker", T0 + 2)
     assert job.faults_done == {0, 1, 2} and job.fault_times == [T0 + 2]  # only a rank's kill is a recovery's t_fail
+
+
+def test_a_job_that_may_shrink_goes_on_without_a_spare_refills_and_grows_back_once_one_is_built():
+    nodes, elastic = 3, RecoveryOptions(60.0, 300.0, 3.0, 0.5, min_nodes=2, world=3)
+    m = membership(nodes, 1, 0)
+    job = JobMachine(m, Layout(cfg("task=mlp", "cluster.nodes=3")), 3, Options(300.0, True, 0, elastic))
+    job.advance(T0, Inputs(built=True))
+    assert job.refills() == 0 and not job.grow_due()
+    lose(job, "n2.0", T0 + 1)
+    carry_out(job, job.advance(T0 + 1)[0])
+    for w in ("n0.0", "n1.0"):
+        job.held(w, "active", Held(gen=0, abort_gen=1, step=7))
+    acts, _ = job.advance(T0 + 1.1)
+    carry_out(job, acts)
+    shrunk = [a for a in acts if type(a).__name__ == "Emit" and a.event == "shrunk"]
+    assert len(shrunk) == 1 and shrunk[0].fields["processes"] == 2 and kinds(acts)[-2:] == ["Assign", "ReleaseCommands"]
+    for w in job.members.ranks.values():
+        job.recovery.on_message(w, Joining(gen=1))
+        job.recovery.on_message(w, Ready(gen=1))
+    assert kinds(job.advance(T0 + 1.2)[0]) == ["Reformed", "LeaveRecovery"]
+    assert sorted(job.members.ranks) == [0, 1] and job.refills() == 1  # a node to grow back with
+    m.add_node("r0", "spare")
+    assert not job.grow_due() and job.advance(T0 + 2)[0] == []  # not built yet
+    m.workers["r0.0"].built = True
+    assert job.grow_due() and job.attention()
+    acts, _ = job.advance(T0 + 3)
+    carry_out(job, acts)
+    assert job.phase is Phase.RECOVERING and kinds(acts)[-1] == "Abort"  # a re-forming with nothing failed
+    for w in ("n0.0", "n1.0"):
+        job.held(w, "active", Held(gen=1, abort_gen=2, step=9))
+    acts, _ = job.advance(T0 + 3.1)
+    grown = [a for a in acts if type(a).__name__ == "Emit" and a.event == "grown"]
+    assert len(grown) == 1 and grown[0].fields["processes"] == 3 and job.members.ranks[2] == "r0.0"
+    assert job.refills() == 0 and not job.grow_due()
+
+
+def test_a_job_that_may_not_shrink_never_grows():
+    job = training(nodes=2, spare_nodes=0)
+    lose(job, "n1.0", T0)
+    assert not job.grow_due()  # min_nodes is not set: the no-spare verdict stands (test above)

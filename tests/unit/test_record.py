@@ -121,3 +121,19 @@ def test_a_fresh_run_dir_is_made_private_an_used_one_is_left_alone(tmp_path):
 @pytest.mark.parametrize("steps, fraction, allowed", [(60, 0.1, 6), (60, 1.0, 60), (60, 0.0, 0), (100, 0.29, 29), (7, 0.5, 3)])
 def test_the_skip_budget(steps, fraction, allowed):
     assert skip_budget(steps, fraction) == allowed
+
+
+def test_degraded_spans_open_at_a_shrink_and_close_when_whole_again():
+    from ckptless_hpc.metrics import Degraded
+
+    d = Degraded()
+    d.reformed(5, 100.0, 3, 3)  # a recovery with a spare: never degraded
+    assert not d.spans and d.report(200.0, 40) == {"seconds": 0, "spans": []}
+    d.reformed(10, 110.0, 2, 3)
+    d.reformed(14, 112.0, 1, 3)  # a second loss while shrunk: the same span, fewer processes
+    d.reformed(20, 115.5, 3, 3)
+    d.reformed(30, 120.0, 2, 3)  # shrunk again and never grown back: open until the end
+    assert d.report(125.0, 40) == {
+        "seconds": 10.5,
+        "spans": [{"from_step": 10, "to_step": 20, "processes": 1, "seconds": 5.5}, {"from_step": 30, "to_step": 40, "processes": 2, "seconds": 5.0}],
+    }
