@@ -692,6 +692,20 @@ def min_nodes(cfg: Any) -> int:
     return int(m) if _is_int(m) else int(cfg.cluster.nodes)
 
 
+def node_losses(cfg: Any) -> str:
+    """What node losses the job goes on through: hot spares, then (``cluster.min_nodes``) shrinking."""
+    c = cfg.cluster
+    spares = int(c.spare_nodes)
+    refills = (
+        f" (and up to {c.max_refills} refilled)" if c.backend == "local" and c.refill_spares and c.max_refills else " (and refills from free nodes)" if c.refill_spares else ""
+    )
+    with_spares = f"survives {spares} node loss{'es' if spares != 1 else ''} with spares{refills}"
+    m, nodes = min_nodes(cfg), int(c.nodes)
+    if m >= nodes:
+        return f"node losses: {with_spares}; the next one stops the job (an emergency copy, then a requeue on Slurm; cluster.min_nodes shrinks instead)"
+    return f"node losses: {with_spares}, then shrinks to {m} of {nodes} nodes (train.reduction=fixed: the same bits), and grows back when a node is there again"
+
+
 def reduction(cfg: Any) -> str:
     """``train.reduction`` resolved: ``fixed`` or ``allreduce`` (``auto``: fixed for a job that can shrink)."""
     r = str(cfg.train.reduction)

@@ -22,7 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional
 
-from ..config import Shape, global_batch
+from ..config import Shape, global_batch, node_losses
 from ..control import messages, wire
 from ..control.messages import Stop
 from ..control.server import Background, ControlServer, Handlers
@@ -244,9 +244,9 @@ class Coordinator:
             spare_nodes=c.spare_nodes,
         )
         log.info("coordinator for job %s listening on %s; run dir %s", self.record.job_id, self.address, self.record.run_dir)
-        log.info("%s", self.job.layout.describe())
+        log.info("%s; %s", self.job.layout.describe(), node_losses(self.cfg))
         log.info("%s", global_batch(self.cfg))
-        self._emit("layout", mode=self.job.layout.mode, survives_node_losses=self.job.layout.survives(), describe=self.job.layout.describe())
+        self._emit("layout", mode=self.job.layout.mode, survives_node_losses=self.job.layout.survives(), describe=self.job.layout.describe(), node_losses=node_losses(self.cfg))
         # the store's module imports torch (~1.5 CPU-s): in a thread while the nodes start (a local
         # node's start waits for the zygote's own torch import: launch/local.py)
         store_module = self._loop.run_in_executor(None, importlib.import_module, "ckptless_hpc.control.rendezvous")

@@ -8,7 +8,7 @@ import shlex
 import sys
 from typing import Any, List
 
-from ..config import Shape
+from ..config import Shape, node_losses
 from ..rundir import paths
 
 EXIT_TASK = 2  # as any other invalid configuration
@@ -33,8 +33,7 @@ def placement(cfg: Any) -> List[str]:
         for owner, hs in sorted(holders.items()):
             if hs:
                 lines.append(f"  rank {owner}'s shard copied to rank(s) {hs}")
-    if c.backend == "local" and c.refill_spares:
-        lines.append(f"refill: up to {c.max_refills} new spare node(s) after promotions")
+    lines.append(node_losses(cfg))
     return lines
 
 

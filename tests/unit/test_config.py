@@ -105,3 +105,25 @@ def test_the_shape_is_derived_once_from_the_cluster():
     assert [s.node_of(r) for r in (0, 3, 4, 11)] == [0, 0, 1, 2] and s.ranks_of(1) == [4, 5, 6, 7]
     assert Shape.of(cfg().cluster) == Shape.of(cfg())  # the section or the whole config
     assert Shape.of(cfg("cluster.nodes=0")).world == 0  # never raises: validate reports the value
+
+
+def test_min_nodes_and_the_reduction_are_checked_and_say_what_the_job_survives():
+    from ckptless_hpc.config import node_losses, reduction
+
+    for overrides, needle in (
+        (("cluster.nodes=3", "cluster.min_nodes=4"), "cluster.min_nodes=4: must be an integer in 1..cluster.nodes=3"),
+        (("cluster.nodes=3", "cluster.min_nodes=0"), "cluster.min_nodes=0: must be an integer in 1..cluster.nodes=3"),
+        (("cluster.nodes=3", "cluster.min_nodes=2", "parallel=zero"), "parallel.mode=zero cannot shrink yet"),
+        (("cluster.nodes=3", "cluster.min_nodes=2", "parallel=fsdp"), "parallel.mode=fsdp cannot shrink yet"),
+        (("cluster.nodes=3", "cluster.min_nodes=2", "train.reduction=allreduce"), "needs the fixed-order reduction"),
+        (("train.reduction=ring",), "train.reduction='ring': unknown reduction. HINT: use one of auto, allreduce, fixed"),
+    ):
+        errors = validation_errors(cfg("task=mlp", *overrides))
+        assert any(needle in e and "HINT" in e for e in errors), (overrides, errors)
+    elastic = cfg("task=mlp", "cluster.nodes=3", "cluster.spare_nodes=1", "cluster.min_nodes=2")
+    validate(elastic)
+    assert reduction(elastic) == "fixed" and reduction(cfg("task=mlp")) == "allreduce"
+    assert reduction(cfg("task=mlp", "train.reduction=fixed")) == "fixed"
+    assert reduction(cfg("task=mlp", "cluster.min_nodes=2")) == "allreduce"  # min_nodes = nodes: never shrinks
+    assert "survives 1 node loss with spares (and up to 4 refilled), then shrinks to 2 of 3 nodes" in node_losses(elastic)
+    assert "the next one stops the job" in node_losses(cfg("task=mlp", "cluster.spare_nodes=0", "cluster.refill_spares=false"))
