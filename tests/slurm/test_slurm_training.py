@@ -331,3 +331,24 @@ def test_no_spare_left_saves_requeues_and_resumes_without_the_bad_node(slurm_env
             subprocess.run(["scontrol", "update", f"nodename={bad}", "state=resume"], timeout=20, check=False)
     assert s["status"] == "completed" and s["final_state_sha256"] == baseline(*cfg)
     assert s["faults_fired"] == [0]  # the restarted job did not fire the fault again
+
+
+def test_crashed_node_with_no_spare_shrinks_and_ends_with_the_fault_free_bits(slurm_env, tmp_path, baseline, slurm_cluster):
+    """cluster.min_nodes: 3 worker nodes and no spare; a node crashes. The job neither stops nor
+    requeues: its 2 surviving nodes train the lost rank's micro-batches too and it ends with the
+    hash of the fault-free run of the same config (the fixed-order reduction in both)."""
+    cfg = (*LM, "cluster.nodes=3", "cluster.spare_nodes=0", "cluster.min_nodes=2")
+    job = _submit(tmp_path, *cfg)
+    victim_node = _rank_worker(tmp_path, 2).split(".")[0]
+    _past_step(tmp_path, 20)
+    try:
+        slurm_cluster.crash_node(victim_node)
+        s = _finished(job, tmp_path)
+    finally:
+        slurm_cluster.start_node(victim_node)
+    assert s["status"] == "completed" and s["workers"] == "2/3 (degraded)", s
+    (rec,) = s["recoveries"]
+    assert rec["failed_ranks"] == [2] and rec["failed_nodes"] == [victim_node] and rec["replacements"] == {}
+    (shrunk,) = [e for e in _events(tmp_path) if e["event"] == "shrunk"]
+    assert shrunk["processes"] == 2 and victim_node in s["excluded_nodes"]
+    assert s["final_state_sha256"] == baseline(*cfg)
