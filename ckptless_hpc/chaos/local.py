@@ -1,6 +1,6 @@
 """Chaos soak: many randomised fault schedules, each checked against the oracle.
 
-    python -m ckptless_hpc.chaos runs=20 seed=7 [steps=60 nodes=3 workers_per_node=1 task=mlp parallel=ddp out=chaos-runs]
+    python -m ckptless_hpc.chaos runs=20 seed=7 [steps=60 nodes=3 workers_per_node=1 task=mlp parallel=ddp out=chaos-runs elastic=0]
     python -m ckptless_hpc.chaos cluster=slurm runs=10 seed=1 [steps=1500 task=lm kinds=crash_node,preempt out=chaos-slurm]
 
 ``cluster=slurm`` submits real jobs to the project's Slurm mini-cluster (as root, from a source
@@ -16,6 +16,12 @@ a transfer the rank was never asked to serve) is re-drawn, up to ``redraws`` tim
 reported. Prints one line per schedule (fired/planned) and a verdict; exits 1 if any run lost
 or corrupted state (a wrong hash, a failed or stopped job) or still had unfired faults, 2 on
 bad arguments.
+
+``elastic=1`` (ddp): the job may shrink to one node (``cluster.min_nodes=1``, the fixed-order
+reduction) and starts with no spare: a loss shrinks it, a refill grows it back (a loss that
+finds the refill built is a promotion), and the oracle is the fault-free run of the same config.
+At most ``nodes - 1`` losses are drawn, so that a schedule never leaves no node, and no
+``kill_spare`` (there is rarely a spare to kill).
 """
 
 from __future__ import annotations
@@ -46,10 +52,12 @@ DEFAULTS: Dict[str, Any] = {
     "redraws": 3,
     "cluster": "local",
     "kinds": "",
+    "elastic": 0,
 }
 SLURM_DEFAULTS: Dict[str, Any] = {"steps": 1500, "nodes": 2, "task": "lm", "out": "chaos-slurm", "timeout_s": 600, "redraws": 2}
 PARALLEL = ("ddp", "zero", "fsdp", "hsdp")
 KINDS = ("kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
+ELASTIC_KINDS = tuple(k for k in KINDS if k != "kill_spare")
 
 
 def parse_args(argv: Sequence[str]) -> Dict[str, Any]:
@@ -77,6 +85,8 @@ def parse_args(argv: Sequence[str]) -> Dict[str, Any]:
             )
     elif opts["kinds"]:
         raise ValueError(f"kinds={opts['kinds']!r} is for cluster=slurm. HINT: the local soak draws every kind; drop kinds=, or add cluster=slurm")
+    if opts["elastic"] and opts["parallel"] != "ddp":
+        raise ValueError(f"elastic=1 with parallel={opts['parallel']}: only ddp shrinks. HINT: parallel=ddp, or elastic=0")
     if opts["parallel"] not in PARALLEL:
         raise ValueError(f"parallel={opts['parallel']!r}: unknown mode. HINT: use one of {', '.join(PARALLEL)}")
     if opts["runs"] < 1 or opts["steps"] < 30 or opts["nodes"] < 2:
@@ -84,17 +94,21 @@ def parse_args(argv: Sequence[str]) -> Dict[str, Any]:
     return opts
 
 
-def random_schedule(rng: random.Random, steps: int, nodes: int, workers_per_node: int, two_at_once: bool = True) -> List[Dict[str, Any]]:
+def random_schedule(
+    rng: random.Random, steps: int, nodes: int, workers_per_node: int, two_at_once: bool = True, max_losses: Optional[int] = None, kinds: Sequence[str] = KINDS
+) -> List[Dict[str, Any]]:
     """1-3 faults, survivable by construction: at most one loss at a time and never the last
     holder of the state, so every schedule must end with the fault-free hash (pure).
     ``two_at_once`` False (sharded state with one copy): no fault during another's recovery
     that could take a second holder of the same shard (a kill while serving, or when a
-    recovery starts): owner and holder lost together is the documented last resort, not a soak."""
+    recovery starts): owner and holder lost together is the documented last resort, not a soak.
+    ``max_losses`` (a job that shrinks): at most that many faults that lose a worker; the
+    others drawn become stragglers."""
     world = nodes * workers_per_node
     faults: List[Dict[str, Any]] = []
     slots = sorted(rng.sample(range(5, steps - 10, 5), k=rng.randint(1, 3)))
     for step in slots:
-        kind = rng.choice(KINDS)
+        kind = rng.choice(kinds)
         f: Dict[str, Any] = {"kind": kind, "step": step}
         if kind == "kill_node":
             f["node"] = rng.randrange(nodes)
@@ -108,7 +122,15 @@ def random_schedule(rng: random.Random, steps: int, nodes: int, workers_per_node
     kills = [f for f in faults if f["kind"] in ("kill_worker", "kill_node", "hang") and f.get("at", "step") in ("step", "update")]
     if not kills:  # wire damage, dead spares and faults during a recovery need a recovery to happen
         faults.append({"kind": "kill_worker", "rank": rng.randrange(world), "step": max(slots) + 5})
+    if max_losses is not None:
+        losses = [f for f in faults if f["kind"] in LOSSES]
+        for f in losses[max(1, max_losses) :]:
+            f.clear()
+            f.update(kind="slow", rank=rng.randrange(world), step=steps // 2, factor=4, duration=5)
     return faults
+
+
+LOSSES = ("kill_worker", "kill_node", "hang")  # faults that lose a worker (and, on one node each, a node)
 
 
 def _survives_two(opts: Dict[str, Any]) -> bool:
@@ -158,9 +180,11 @@ def run_verdict(planned: int, rc: int, summary: Optional[Dict[str, Any]], want: 
 
 def _one(i: int, attempt: int, base: List[str], out: str, opts: Dict[str, Any], rng: random.Random, want: str) -> Dict[str, Any]:
     """Run one drawn schedule; its verdict: the oracle held, and how many planned faults fired."""
-    faults = random_schedule(rng, opts["steps"], opts["nodes"], opts["workers_per_node"], two_at_once=_survives_two(opts))
+    spares, max_losses, kinds = (0, opts["nodes"] - 1, ELASTIC_KINDS) if opts["elastic"] else (2, None, KINDS)
+    faults = random_schedule(rng, opts["steps"], opts["nodes"], opts["workers_per_node"], two_at_once=_survives_two(opts), max_losses=max_losses, kinds=kinds)
     t0 = time.monotonic()
-    rc, s = _run(os.path.join(out, f"run{i:03d}" + (f"-redraw{attempt}" if attempt else "")), base + ["fault=none", schedule_override(faults)], opts["timeout_s"])
+    overrides = base + [f"cluster.spare_nodes={spares}", "fault=none", schedule_override(faults)]
+    rc, s = _run(os.path.join(out, f"run{i:03d}" + (f"-redraw{attempt}" if attempt else "")), overrides, opts["timeout_s"])
     verdict, oracle, fired = run_verdict(len(faults), rc, s, want)
     downs = [r["downtime_s"] for r in (s or {}).get("recoveries", [])]
     desc = "; ".join(
@@ -183,6 +207,8 @@ def _one(i: int, attempt: int, base: List[str], out: str, opts: Dict[str, Any], 
         "downtimes_s": downs,
         "wall_s": round(time.monotonic() - t0, 2),
         "status": (s or {}).get("status"),
+        "spare_nodes": spares,
+        "shrunk": len(((s or {}).get("degraded") or {}).get("spans") or ()),
     }
 
 
@@ -201,19 +227,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"train.steps={opts['steps']}",
         f"cluster.nodes={opts['nodes']}",
         f"cluster.workers_per_node={opts['workers_per_node']}",
-        "cluster.spare_nodes=2",
         f"cluster.max_refills={kills}",
         "cluster.heartbeat_interval_s=0.25",
         "cluster.heartbeat_timeout_s=1.5",
         f"parallel={opts['parallel']}",
     ]
+    if opts["elastic"]:  # shrinks down to one node; the oracle: the fault-free run with the same reduction
+        base.append("cluster.min_nodes=1")
     if opts["parallel"] in ("zero", "fsdp"):  # two copies where there are nodes for them: a loss during a recovery is survived too
         base.append(f"replication.factor={_factor(opts)}")
     if opts["parallel"] == "hsdp":
         base.append(f"parallel.shard_size={_shard_size(opts)}")
     out = os.path.abspath(opts["out"])
     os.makedirs(out, exist_ok=True)
-    rc, ref = _run(os.path.join(out, "baseline"), base + ["fault=none"], opts["timeout_s"])
+    rc, ref = _run(os.path.join(out, "baseline"), base + ["cluster.spare_nodes=0", "fault=none"], opts["timeout_s"])
     if rc != 0 or not ref:
         print(f"the fault-free baseline failed (exit {rc}); see {out}/baseline", file=sys.stderr)
         return 1

@@ -21,6 +21,7 @@ KEYS = (
     "b1_downtime_s", "b1_ratio_vs_ckpt_restart", "b2_ratio_vs_torchft", "b3_overhead_pct",
     "b4_transfer_fraction_of_loopback", "b5_growth_pct_2_to_8", "b6_goodput_local", "b6_goodput_sim_16k",
     "b8_replication_overhead_pct_f1",
+    "b9_fixed_overhead_pct_4ranks", "b9_degraded_vs_ideal_pct", "b9_shrink_downtime_s", "b9_promotion_downtime_s",
 )
 
 VERDICTS = ("yes", "NO", "unresolved at this load")
@@ -58,12 +59,29 @@ def test_quick_harness_writes_finite_results(tmp_path):
     floor = row["floor"]  # the step's wait for acks and the floor of the same bytes, from the workers' copy_costs
     assert floor["snapshot_bytes_per_step"] > 0 and floor["floor_s_per_step"] > 0 and floor["blocked_s_per_step"] > 0, floor
     assert res["b8"]["recover"][0]["oracle"] is True
+    _b9_behaves(res["b9"])
     if res["b2"]["status"] == "ok":
         assert res["b2"]["torchft_version"] == res["machine"]["torchft"] is not None
     assert "B1 kill" in p.stdout and "B6 simulated" in p.stdout
     _b7_behaves(res["b7"], p.stderr)  # the progress lines go to stderr
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "latest.png").stat().st_size > 10_000
+
+
+def _b9_behaves(b9: dict) -> None:
+    """B9 (elastic): fixed vs allreduce side by side, a shrink and a spare's promotion of the same
+    job, each ending with the fault-free run's final state. Figures present and finite, never a
+    threshold on them."""
+    o = b9["overhead"]
+    assert o["ranks"] == 4 and len(o["pair_ratios"]) == o["reps"] and o["verdict"] in VERDICTS, o
+    for key in ("allreduce_step_s", "fixed_step_s", "in_step_overhead_pct"):
+        assert isinstance(o[key], (int, float)) and math.isfinite(o[key]), (key, o[key])
+    pt = b9["shrink"][0]
+    assert pt["live_after"] < pt["nodes"] and pt["ideal_slowdown"] == pt["virtual_ranks"] / pt["live_after"], pt
+    for key in ("step_s_before", "step_s_after", "slowdown", "vs_ideal_pct", "vs_bound_pct"):
+        assert isinstance(pt[key], (int, float)) and math.isfinite(pt[key]), (key, pt[key])
+    assert pt["shrink"]["oracle"] is True and pt["promotion"]["oracle"] is True and b9["oracle"] is True, pt
+    assert pt["promotion"]["bytes_transferred"] > 0 and pt["fault_free_final_sha"]
 
 
 def _b7_behaves(b7: dict, progress: str) -> None:

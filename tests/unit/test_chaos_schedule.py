@@ -66,3 +66,14 @@ def test_a_run_reads_its_summary_or_none(tmp_path, monkeypatch):
 
     monkeypatch.setattr(local.subprocess, "run", hang)
     assert local._run(str(tmp_path / "nothing"), [], 5) == (-1, None)
+
+
+def test_elastic_schedules_lose_at_most_nodes_minus_one_and_never_kill_a_spare():
+    from ckptless_hpc.chaos.local import ELASTIC_KINDS, LOSSES
+
+    rng = random.Random(9)
+    for _ in range(300):
+        faults = random_schedule(rng, 60, 3, 1, max_losses=2, kinds=ELASTIC_KINDS)
+        assert 1 <= sum(f["kind"] in LOSSES for f in faults) <= 2, faults  # a loss to shrink on, never the last node
+        assert all(f["kind"] != "kill_spare" for f in faults)
+    assert "only ddp shrinks" in str(pytest.raises(ValueError, parse_args, ["elastic=1", "parallel=zero"]).value)
