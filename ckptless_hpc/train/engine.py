@@ -266,6 +266,8 @@ class Engine:
                 futures = self.fsdp.forward_backward(step, comm)
                 on_backward()
                 futures = [comm.allreduce(self.reduction())] + futures
+            elif self._plan is not None and comm.holders is None:  # a rank per process: the all-to-alls start as backward fills the buckets
+                futures = self._fixed_overlapped(step, comm, self._plan, on_backward, wait)
             elif self._plan is not None:
                 futures = self._fixed_step(step, comm, self._plan, on_backward, wait)
             else:
@@ -295,20 +297,36 @@ class Engine:
         self.state_step = step + 1 if res.committed else step
         return res
 
-    def _forward_backward(self, step: int, comm: Any) -> List[Any]:
+    def _forward_backward(self, step: int, comm: Any, launch: Optional[Callable[[torch.Tensor], Any]] = None) -> List[Any]:
         broadcasts: List[Any] = []
         for micro in range(self.micro_batches):
             batch = self.feed.get(step, micro)
             forward_seed(self.cfg.train.seed, step, comm.rank, micro)
             last = micro == self.micro_batches - 1
             if last:
-                self.grads.arm(comm)
+                self.grads.arm(comm, launch)
             with self.autocast():
                 loss = self.task_loss(batch)
             if last and self.buffers:  # the forward has updated them: rank 0's go to everyone
                 broadcasts = self.buffers.launch(comm)
             self.add_loss(loss)
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        return broadcasts
+
+    def _fixed_overlapped(self, step: int, comm: Any, plan: FixedReduce, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> List[Any]:
+        """train.reduction=fixed with a rank per process (a job that has not shrunk): each
+        bucket's all-to-all starts as backward fills it, as the all-reduce does; then each
+        process combines its chunks and the all-gathers bring them back (the same bits as
+        :meth:`_fixed_step`: the sum is elementwise). Returns the buffers' broadcasts."""
+        broadcasts = self._forward_backward(step, comm, launch=lambda bucket: plan.start(comm, [bucket]))
+        on_backward()
+        exchanges = self.grads.launch_rest() + [plan.start(comm, [self.reduction()])]
+        self.grads.disarm()
+        wait([x.future for x in exchanges])
+        wait([plan.gather(comm, x) for x in exchanges])
+        for bucket, x in zip(self.grads.buckets, exchanges):
+            bucket.copy_(x.out)
+        self._reduced = exchanges[-1].out
         return broadcasts
 
     def _fixed_step(self, step: int, comm: Any, plan: FixedReduce, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> List[Any]:

@@ -102,30 +102,44 @@ class FixedReduce:
     def reduce(self, comm: Any, partials: List[List[torch.Tensor]], wait: Callable[[List[Any]], None]) -> List[torch.Tensor]:
         """The tree sums over all virtual ranks of each tensor, identical on every process
         (flat, of the partials' dtype); ``wait`` waits on the collectives' futures."""
-        size = comm.world
-        in_counts = [len(c) for c in self.covers]
-        sent, received, futures = [], [], []
-        for parts in partials:
-            n = parts[0].numel()
-            chunk = -(-n // size)
-            send = torch.zeros(size, len(self.mine), chunk, dtype=parts[0].dtype, device=parts[0].device)
-            for j, part in enumerate(parts):  # chunk p of each partial goes to process p
-                send[:, j] = torch.nn.functional.pad(part.reshape(-1), (0, size * chunk - n)).view(size, chunk)
-            recv = torch.empty(sum(in_counts) * chunk, dtype=send.dtype, device=send.device)
-            futures.append(comm.alltoall(recv, send.view(-1), [c * chunk for c in in_counts], [len(self.mine) * chunk] * size))
-            sent.append(send)
-            received.append((recv, n, chunk))
-        wait(futures)
-        outs, futures = [], []
-        for recv, n, chunk in received:
-            inbox, off = {}, 0
-            for cov in self.covers:
-                for rng in cov:
-                    inbox[rng] = recv[off : off + chunk]
-                    off += chunk
-            mine = combine(0, self.world, inbox)
-            out = torch.empty(size * chunk, dtype=recv.dtype, device=recv.device)
-            futures.append(comm.allgather(list(out.view(size, chunk)), mine.contiguous()))
-            outs.append(out[:n])
-        wait(futures)
-        return outs
+        exchanges = [self.start(comm, parts) for parts in partials]
+        wait([x.future for x in exchanges])
+        wait([self.gather(comm, x) for x in exchanges])
+        return [x.out for x in exchanges]
+
+    def start(self, comm: Any, parts: Sequence[torch.Tensor]) -> "Exchange":
+        """Launch one tensor's all-to-all: chunk ``p`` of each of this process's partial sums
+        (``parts``, one per subtree of :attr:`mine`) to process ``p``. The sum is elementwise: a
+        tensor cut in pieces (buckets) reduces to the same bits piece by piece."""
+        size, n = comm.world, parts[0].numel()
+        chunk = -(-n // size)
+        send = torch.zeros(size, len(self.mine), chunk, dtype=parts[0].dtype, device=parts[0].device)
+        for j, part in enumerate(parts):
+            send[:, j] = torch.nn.functional.pad(part.reshape(-1), (0, size * chunk - n)).view(size, chunk)
+        counts = [len(c) for c in self.covers]
+        recv = torch.empty(sum(counts) * chunk, dtype=send.dtype, device=send.device)
+        future = comm.alltoall(recv, send.view(-1), [c * chunk for c in counts], [len(self.mine) * chunk] * size)
+        return Exchange(send, recv, n, chunk, future)
+
+    def gather(self, comm: Any, x: "Exchange") -> Any:
+        """After the all-to-all: this process's chunk combined in tree order, and the all-gather
+        of every chunk into ``x.out`` launched (its future)."""
+        inbox, off = {}, 0
+        for cov in self.covers:
+            for rng in cov:
+                inbox[rng] = x.recv[off : off + x.chunk]
+                off += x.chunk
+        mine = combine(0, self.world, inbox)
+        out = torch.empty(comm.world * x.chunk, dtype=x.recv.dtype, device=x.recv.device)
+        x.out = out[: x.n]
+        return comm.allgather(list(out.view(comm.world, x.chunk)), mine.contiguous())
+
+
+class Exchange:
+    """One tensor's reduction in flight: its buffers (kept alive while the collectives run), the
+    all-to-all's future, then the result (``out``, once :meth:`FixedReduce.gather`'s all-gather
+    has landed)."""
+
+    def __init__(self, send: torch.Tensor, recv: torch.Tensor, n: int, chunk: int, future: Any) -> None:
+        self.send, self.recv, self.n, self.chunk, self.future = send, recv, n, chunk, future
+        self.out: Optional[torch.Tensor] = None

@@ -10,7 +10,7 @@ Fixed boundaries and a fixed order keep the result bitwise reproducible.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -62,9 +62,11 @@ class BucketedGrads:
         for f in self.flats:
             f.zero_()
 
-    def arm(self, comm: Any) -> None:
-        """The next backward is the step's last: launch each bucket's allreduce as it fills."""
+    def arm(self, comm: Any, launch: Optional[Callable[[torch.Tensor], Any]] = None) -> None:
+        """The next backward is the step's last: launch each bucket's allreduce (or ``launch``:
+        the fixed-order reduction's all-to-all, train/fixed.py) as it fills."""
         self._comm = comm
+        self._start = launch or comm.allreduce
         self._left = list(self._sizes)
         self.futures = [None] * len(self.buckets)
 
@@ -80,7 +82,7 @@ class BucketedGrads:
             self._launch(b)
 
     def _launch(self, b: int) -> None:
-        self.futures[b] = self._comm.allreduce(self.buckets[b])
+        self.futures[b] = self._start(self.buckets[b])
 
     def launch_rest(self) -> List[Any]:
         """Launch the buckets no hook started (parameters unused this step); all futures."""

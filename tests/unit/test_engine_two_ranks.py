@@ -49,10 +49,11 @@ def _group(store, rank: int, size: int, holders=None):
 
 
 def _train_two_ranks(make_task, cfg, holders=None):
-    """Every process's engine after cfg.train.steps steps, and their step results: two
-    processes of ranks 0 and 1, or one per entry of ``holders`` (the ranks each one trains)."""
-    size = 2 if holders is None else len(holders)
+    """Every process's engine after cfg.train.steps steps, and their step results: a process
+    per rank of the config (two by default), or one per entry of ``holders`` (the ranks each
+    one trains: a job that shrank)."""
     world = int(cfg.cluster.nodes) * int(cfg.cluster.workers_per_node)
+    size = world if holders is None else len(holders)
     store, lock = dist.HashStore(), threading.Lock()
     comms = [None] * size
     threads = [threading.Thread(target=lambda r=r: comms.__setitem__(r, _group(store, r, size, holders))) for r in range(size)]
@@ -129,8 +130,9 @@ FIXED_CASES = {
     "fp16_scaler": (lambda: T.SGDGroupsMLP(), dict(precision="fp16", grad_accum=2)),
     "bf16": (lambda: T.SGDGroupsMLP(), dict(precision="bf16")),
 }
-#: three ranks on three, two and one processes (the shrunk layouts: a survivor trains a lost rank too, rank 0 anywhere)
-LAYOUTS = ([[0], [1], [2]], [[0, 2], [1]], [[1], [2, 0]], [[2, 1, 0]])
+#: three ranks on three processes (a job that never shrank: the all-to-alls overlap backward; and
+#: the same named as a shrunk layout would be), two and one (a survivor trains a lost rank too, rank 0 anywhere)
+LAYOUTS = (None, [[0], [1], [2]], [[0, 2], [1]], [[1], [2, 0]], [[2, 1, 0]])
 
 
 @pytest.mark.parametrize("case", list(FIXED_CASES))
