@@ -60,3 +60,9 @@ def test_echo_prints_plain_lines_or_above_the_bar(capsys):
     bar.close()
     out = capsys.readouterr()
     assert "gen=0 rank=0 above\n" in out.out and "1/3" in out.err
+
+
+def test_a_job_with_fewer_processes_than_ranks_says_degraded():
+    whole, shrunk = snap(10), snap(10)
+    shrunk.alive, shrunk.world = 2, 3
+    assert "workers 2/2 spares" in whole.line() and "workers 2/3 (degraded) spares" in shrunk.line()
