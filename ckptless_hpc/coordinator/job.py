@@ -171,9 +171,11 @@ class JobMachine:
         if self.save_requested and not self.all_done():
             self.phase = Phase.SAVING
             return [SaveAndRequeue(self.save_requested)], "save requested (preemption or time limit)"
-        if self.pending or self.reform_requested or self.grow_due():
+        growing = not (self.pending or self.reform_requested) and self.grow_due()
+        if self.pending or self.reform_requested or growing:
             self.phase = Phase.RECOVERING
-            self.recovery = RecoveryMachine(self.members, self.layout, self.opts.recovery, self.gen, self.doomed, self.fault_times)
+            # a grow-back is caused by no fault: its record's times start now, not at a recent kill
+            self.recovery = RecoveryMachine(self.members, self.layout, self.opts.recovery, self.gen, self.doomed, () if growing else self.fault_times)
             return self._recovering(now, False)
         if self.all_done():
             self.phase = Phase.SAVING

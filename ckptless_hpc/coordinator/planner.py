@@ -123,13 +123,11 @@ def _promote_elastic(
     left = lost[len(promoted) :]
     if not left:
         return promoted, ""
+    live = [w for w in ranks.values() if w not in failed] + list(promoted.values())
     nodes = {e.node_of[w] for w in ranks.values() if w not in failed} | {s.node for s in candidates[: len(promoted)]}
     if len(nodes) < e.min_nodes:
         return None, f"no spare left: rank(s) {left} have no process and the workers would live on {len(nodes)} node(s), fewer than cluster.min_nodes={e.min_nodes}"
-    return (
-        promoted,
-        f"no spare left: rank(s) {left} trained by the {len(ranks) - len(failed & set(ranks.values())) + len(promoted)} processes on {len(nodes)} node(s) (cluster.min_nodes={e.min_nodes})",
-    )
+    return promoted, f"no spare left: rank(s) {left} trained by the {len(live)} processes on {len(nodes)} node(s) (cluster.min_nodes={e.min_nodes})"
 
 
 def spread_sources(holders: Sequence[str], i: int, k: int) -> List[str]:

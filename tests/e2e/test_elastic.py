@@ -66,7 +66,8 @@ def test_shrunk_then_grown_back_from_a_refill_ends_with_the_fault_free_bits(job,
     assert shrunk["processes"] == 2 and grown["processes"] == 3 and grown["step"] > shrunk["step"]
     assert s["final_state_sha256"] == baseline(*ELASTIC, env=ENV)
     assert [r["replacements"] for r in s["recoveries"]] == [{}, {"2": res.of("spare_launched")[0]["node"] + ".0"}]
-    assert s["recoveries"][1]["bytes_transferred"] > 0 and s["recoveries"][1]["failed_ranks"] == []
+    grow = s["recoveries"][1]
+    assert grow["bytes_transferred"] > 0 and grow["failed_ranks"] == [] and grow["t_fail"] == grow["t_detect"]  # caused by no fault: timed from its start
     (span,) = s["degraded"]["spans"]
     assert (span["from_step"], span["to_step"], span["processes"]) == (shrunk["step"], grown["step"], 2) and span["seconds"] > 0
     assert s["workers"] == "3/3"
