@@ -310,10 +310,13 @@ class Agent:
         if msg.rank is None and s.ready_rank is None:
             raise RuntimeError(f"gen {gen}: an assign without a rank, and this worker was never ready as any rank. HINT: this is a coordinator bug; please report it")
         rank = s.ready_rank if msg.rank is None else msg.rank  # no rank: keep the one it was last ready as
-        # a job that shrank (msg.lost): the live ranks are the group's processes, each training its ranks
-        live, holders = shrunk(msg.world, msg.lost or [])
-        group = (live.index(rank), len(live), holders) if msg.lost else (rank, msg.world, None)
-        s.join(gen, rank, msg.world, holders[live.index(rank)])
+        if msg.lost:  # a job that shrank: the live ranks are the group's processes, each training its ranks
+            live, holders = shrunk(msg.world, msg.lost)
+            p = live.index(rank)
+            group, trains = (p, len(live), holders), holders[p]
+        else:
+            group, trains = (rank, msg.world, None), [rank]
+        s.join(gen, rank, msg.world, trains)
         self.faults.done = set(msg.faults_done)
         self.peers.drop_behind()  # a generation that never trained: the parameters alone are no state
         target = msg.step
@@ -327,7 +330,8 @@ class Agent:
             return
         s.ready_rank = s.rank
         self.client.send(m.Ready(gen, s.rank, os.getpid(), form_s))
-        log.info("generation %d formed: rank %d of %d at step %d; %s", gen, s.rank, s.world, s.step, " ".join(f"{k}={v}" for k, v in resources().items()))
+        shrunk_to = f" (shrunk: {group[1]} processes; this one trains ranks {s.trains})" if msg.lost else ""
+        log.info("generation %d formed: rank %d of %d%s at step %d; %s", gen, s.rank, s.world, shrunk_to, s.step, " ".join(f"{k}={v}" for k, v in resources().items()))
         failed = self.steps.run(gen)
         if failed is not None:
             self._send_held(None, reason=failed)  # COLLECTIVE_ERROR + why
