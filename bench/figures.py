@@ -147,7 +147,22 @@ def b7_table(res: Dict[str, Any]) -> List[str]:
     return _md(head, body)
 
 
+def b9_shrink_table(res: Dict[str, Any]) -> List[str]:
+    body = []
+    for p in res["b9"]["shrink"]:
+        cpu = p.get("cpu_ratio")
+        body.append([
+            f"{p['nodes']} -> {p['live_after']}", f"{p['step_s_before']:.3f} s", f"{p['step_s_after']:.3f} s", f"x{p['slowdown']:.2f}",
+            f"x{p['ideal_slowdown']:.2f}", f"{p['vs_ideal_pct']:+.1f} %", f"x{p['bound_slowdown']}", f"{p['vs_bound_pct']:+.1f} %",
+            "n/a" if cpu is None else f"x{cpu:.2f}", f"{p['shrink']['downtime_s']:.3f} s", str(p["reps"]), "bitwise equal" if p["shrink"]["oracle"] else "DIFFERENT",
+        ])
+    head = ["nodes -> processes", "step before", "step after", "slowdown", "ideal (V / live)", "vs ideal", "busiest share", "vs busiest share",
+            "workers' CPU/step after / before", "shrink downtime", "runs", "final state vs the fault-free run"]
+    return _md(head, body)
+
+
 TABLES: Dict[str, Callable[[Dict[str, Any]], List[str]]] = {
+    "b9_shrink": b9_shrink_table,
     "b7": b7_table,
     "b5": b5_table,
     "main": lambda res: report.markdown(res).splitlines(),

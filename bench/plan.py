@@ -69,6 +69,19 @@ class Plan:
     b1_slurm_steps: int = 200
     b1_slurm_fault_step: int = 60
     b1_slurm_reps: int = 0
+    # B9 (bench/b9.py): elastic. The fixed-order reduction's overhead over allreduce on 4 ranks
+    # (2 nodes x 2 workers), b9_reps back-to-back pairs of b9_steps steps; shrinks: (nodes,
+    # min_nodes) points, each losing its last node at b9_fault_step of b9_shrink_steps with no
+    # spare (the first also with a spare to promote, b9_shrink_reps times, interleaved)
+    b9_size: str = "tiny"
+    b9_steps: int = 40
+    b9_reps: int = 1
+    b9_shrinks: Tuple[Tuple[int, int], ...] = ((2, 1),)
+    b9_shrink_steps: int = 30
+    b9_fault_step: int = 15
+    b9_shrink_reps: int = 1
+    b9_skip: int = 3  # warm-up intervals left out (and before the shrink)
+    b9_post_skip: int = 2  # intervals left out after the shrink's first step
     notes: Dict[str, str] = field(default_factory=dict)
 
 
@@ -97,6 +110,9 @@ FULL = Plan(
     b8_size="100M", b8_steps=16, b8_reps=2, b8_factors=(1, 2), b8_recover_sizes=("10M", "100M"), b8_recover_steps=10,
     b8_modes=("zero", "fsdp"), b8_modes_available=("zero", "fsdp", "hsdp"),
     b1_slurm_reps=3,
+    # 2 -> 1 first: on 2 cores, 3 processes before the loss already share the cores, which makes
+    # the wall-time slowdown of 3 -> 2 look better than ideal; 3 -> 2 is kept as the second point
+    b9_size="10M", b9_steps=14, b9_reps=3, b9_shrinks=((2, 1), (3, 2)), b9_shrink_steps=24, b9_fault_step=10, b9_shrink_reps=2,
 )
 
 PLANS = {"quick": QUICK, "full": FULL}

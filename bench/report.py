@@ -99,6 +99,7 @@ def rows(res: Dict[str, Any]) -> List[List[str]]:
     ])
     out += b7_rows(res.get("b7"))
     out += b8_rows(res.get("b8"))
+    out += b9_rows(res.get("b9"))
     return out
 
 
@@ -133,6 +134,39 @@ def b8_rows(b8: Optional[Dict[str, Any]]) -> List[List[str]]:
             "<=3%; blocked <=3%; CPU <= x1.3",
             f"{r.get('verdict', 'n/a')}; {_ok(f.get('blocked_reached'))}; {_ok(f.get('cpu_reached'))}",
         ])
+    return out
+
+
+def b9_rows(b9: Optional[Dict[str, Any]]) -> List[List[str]]:
+    """B9 (elastic): the fixed-order reduction's overhead, each shrink's degraded step, the shrink's downtime vs a spare's promotion."""
+    if not b9 or "overhead" not in b9:
+        return [["B9 elastic", b9.get("status", "skipped"), "-", "n/a"]] if b9 else []
+    o = b9["overhead"]
+    out = [[
+        f"B9 train.reduction=fixed vs allreduce, {o['params'] / 1e6:.1f} M, {o['ranks']} ranks",
+        f"step {_s(o['allreduce_step_s'], 's', 3)} -> {_s(o['fixed_step_s'], 's', 3)}: {_pp(o['overhead_pct'])} ({'median of pairs' + _pairs(o['pair_ratios'])}); "
+        f"in-step {_pp(o['in_step_overhead_pct'])}; CPU s/step of the ranks {_pp(o.get('cpu_overhead_pct'))}",
+        f"<=+{o['target_pct']:.0f}%", o["verdict"],
+    ]]
+    for pt in b9["shrink"]:
+        cpu = pt.get("cpu_ratio")
+        out.append([
+            f"B9 shrink {pt['nodes']} -> {pt['live_after']} processes, {pt['params'] / 1e6:.1f} M",
+            f"{_reps(pt['reps'])}step {_s(pt['step_s_before'], 's', 3)} -> {_s(pt['step_s_after'], 's', 3)}: x{pt['slowdown']:.2f} vs ideal x{pt['ideal_slowdown']:.2f} "
+            f"(V / live) {_pp(pt['vs_ideal_pct'])}, vs the busiest process's share x{pt['bound_slowdown']} {_pp(pt['vs_bound_pct'])}; "
+            f"workers' CPU per step after/before {'n/a' if cpu is None else f'x{cpu:.2f}'}; oracle {'held' if pt['shrink']['oracle'] else 'BROKEN'}",
+            "-", "-",
+        ])
+        if "promotion" in pt:
+            s, q = pt["shrink"], pt["promotion"]
+            out.append([
+                f"B9 shrink vs spare promotion, {pt['nodes']} nodes",
+                f"{_reps(pt['reps'])}shrink {_s(s['downtime_s'], 's', 3)}{_range(s.get('spread'))} (detect {_s(s['detect_s'], '', 3)} + reconf {_s(s['reconfigure_s'], '', 3)} + "
+                f"transfer {_s(s['transfer_s'], '', 3)} + first step {_s(s['resume_s'], '', 3)}) vs promotion {_s(q['downtime_s'], 's', 3)}{_range(q.get('spread'))} "
+                f"(detect {_s(q['detect_s'], '', 3)} + reconf {_s(q['reconfigure_s'], '', 3)} + transfer {_s(q['transfer_s'], '', 3)} + first step {_s(q['resume_s'], '', 3)}): "
+                f"x{pt['shrink_over_promotion']:.2f}; oracle {'held' if s['oracle'] and q['oracle'] else 'BROKEN'}",
+                "-", "-",
+            ])
     return out
 
 

@@ -4,7 +4,9 @@ B1 recovery downtime (kill, hang) at two model sizes vs a real checkpoint-restar
 B2 the same kill under TorchFT (optional package); B3 steady-state step time vs plain DDP;
 B4 peer state transfer vs raw loopback TCP; B5 downtime at 2, 4, 8 workers; B6 goodput with
 failures every ``interval`` seconds, locally for both systems and extrapolated to 1k-100k GPUs
-by ``ckptless_hpc.tools.sim``. Prints a table; writes ``DIR/latest.json`` and ``DIR/latest.png``.
+by ``ckptless_hpc.tools.sim``; B7 the coordinator under simulated ranks; B8 sharded state;
+B9 elastic (the fixed-order reduction's overhead, a shrunk job's step, a shrink's downtime vs a
+spare's promotion). Prints a table; writes ``DIR/latest.json`` and ``DIR/latest.png``.
 Run directories of every job go to ``DIR/tmp`` (not committed).
 """
 
@@ -28,7 +30,7 @@ if __package__ in (None, ""):  # python bench/run.py
 
 from ckptless_hpc.tools import sim  # noqa: E402
 
-from . import b7 as b7lib, b8 as b8lib, ckpt_restart, figures, report, slurm_path, torchft_bench, transfer  # noqa: E402
+from . import b7 as b7lib, b8 as b8lib, b9 as b9lib, ckpt_restart, figures, report, slurm_path, torchft_bench, transfer  # noqa: E402
 from .common import REPO, SIZES, BenchError, JobRun, cpu_per_step, lm_params, machine_info, median, run_ckptless, spread, task_overrides, torchft_version, verdict  # noqa: E402
 from .plan import PLANS, Plan  # noqa: E402
 
@@ -292,7 +294,7 @@ class Bench:
         log(f"gloo lazy vs eager connection setup: B5 ({p.b5_size} model, workers {p.b5_nodes}, {p.b5_reps} each) and B3 ({p.b3_size}, {p.b3_steps} steps, {p.b3_reps} pairs)")
         b5: Dict[str, Dict[int, List[JobRun]]] = {v: {n: [] for n in p.b5_nodes} for v in variants}
         failed: Dict[str, List[Dict[str, str]]] = {v: [] for v in variants}  # a recovery that did not complete is a finding, not a crash of the bench
-        for rep in range(p.b5_reps):
+        for _rep in range(p.b5_reps):
             for n in p.b5_nodes:
                 for v, env in variants.items():
                     d = self.rundir(f"gloo-{v}-b5-n{n}")
@@ -430,6 +432,14 @@ class Bench:
         log(b8lib.table(res))
         return res
 
+    def b9(self) -> Dict[str, Any]:
+        p = self.plan
+        log(f"B9 elastic: {p.b9_size} model; train.reduction=fixed vs allreduce on 4 ranks ({p.b9_reps} pair(s) of {p.b9_steps} steps); "
+            f"shrinks (nodes, min_nodes) {list(p.b9_shrinks)}, last node killed at step {p.b9_fault_step}, vs a spare's promotion")
+        res = b9lib.run(self)
+        log(b9lib.table(res))
+        return res
+
     def b6_sim(self, b1: Dict[str, Any], b3: Dict[str, Any], b5: Dict[str, Any]) -> Dict[str, Any]:
         pt = b1["points"][-1]  # the largest model measured
         rows = b5["rows"]
@@ -501,6 +511,7 @@ def headline(res: Dict[str, Any]) -> Dict[str, Optional[float]]:
         "b6_goodput_sim_16k": _f(res["b6_sim"]["at_16k"]["checkpointless_goodput"]),
         **b7lib.headline(res.get("b7")),
         **b8lib.headline(res.get("b8")),
+        **b9lib.headline(res.get("b9")),
         **slurm_headline(res.get("b1_slurm")),
     }
 
@@ -528,7 +539,7 @@ def _clean(x: Any) -> Any:
     return x
 
 
-SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7", "b8", "b1_slurm")
+SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7", "b8", "b9", "b1_slurm")
 
 
 def _write(res: Dict[str, Any], results: Path) -> None:
@@ -551,7 +562,7 @@ def _resim(results: Path, plan: Plan) -> int:
     return 0
 
 
-INDEPENDENT = ("b3", "b4", "b5", "b7", "b8", "b1_slurm", "gloo_lazy")  # sections that use no other section's results
+INDEPENDENT = ("b3", "b4", "b5", "b7", "b8", "b9", "b1_slurm", "gloo_lazy")  # sections that use no other section's results
 
 
 def _only(names: List[str], plan: Plan, results: Path, add_to_latest: bool = False) -> int:
@@ -576,6 +587,8 @@ def _only(names: List[str], plan: Plan, results: Path, add_to_latest: bool = Fal
     print(json.dumps({n: res[n] for n in names}, indent=2, default=str))
     if "b7" in names:
         print("\n" + b7lib.table(res["b7"]))
+    if "b9" in names:
+        print("\n" + b9lib.table(res["b9"]))
     if add_to_latest:
         _add_to_latest(res, names, results / "latest.json")
     print(f"\nwrote {path}")
@@ -592,6 +605,8 @@ def _add_to_latest(res: Dict[str, Any], names: List[str], latest: Path) -> None:
         old.update(b7lib.headline(res["b7"]))
     if "b8" in names:
         old.update(b8lib.headline(res["b8"]))
+    if "b9" in names:
+        old.update(b9lib.headline(res["b9"]))
     if "b1_slurm" in names:
         old.update(slurm_headline(res["b1_slurm"]))
     latest.write_text(json.dumps(_clean(old), indent=2) + "\n", encoding="utf-8")
@@ -642,6 +657,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "b6_sim": lambda: b.b6_sim(res["b1"], res["b3"], res["b5"]),
         "b7": b.b7,
         "b8": b.b8,
+        "b9": b.b9,
         "b1_slurm": b.b1_slurm,
     }
     failed = []
