@@ -50,9 +50,18 @@ CASES = {
     "zero": ((*SGD, "parallel=zero", "train.grad_accum=2", "train.clip_grad_norm=0.05"), KILL1, 1e-5),
     "fsdp": ((*_task("BatchNormSGD"), "optim.lr=0.05", "parallel=fsdp", "train.clip_grad_norm=0.05"), KILL1, 1e-5),
     "hsdp": ((*SGD, "parallel=hsdp", "parallel.shard_size=2", "cluster.workers_per_node=2", "train.grad_accum=2"), KILL1, 1e-5),
-    # no spare: the node of rank 0 is lost and the job goes on shrunk, two processes training three ranks
+    # no spare (and no refill to grow back with): the node of rank 0 is lost and the job goes on shrunk, two processes training three ranks
     "shrunk_fixed_reduction": (
-        (*_task("BatchNormSGD"), "optim.lr=0.05", "cluster.nodes=3", "cluster.spare_nodes=0", "cluster.min_nodes=2", "train.grad_accum=2", "train.clip_grad_norm=0.05"),
+        (
+            *_task("BatchNormSGD"),
+            "optim.lr=0.05",
+            "cluster.nodes=3",
+            "cluster.spare_nodes=0",
+            "cluster.max_refills=0",
+            "cluster.min_nodes=2",
+            "train.grad_accum=2",
+            "train.clip_grad_norm=0.05",
+        ),
         ("fault=kill_node", "fault.node=0", "fault.step=7"),
         1e-5,
     ),
