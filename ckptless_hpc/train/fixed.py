@@ -25,6 +25,7 @@ process, for every assignment of the virtual ranks to processes (tests/unit/test
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import torch
@@ -42,13 +43,19 @@ def split(lo: int, hi: int) -> int:
 
 
 def cover(lo: int, hi: int, held: FrozenSet[int]) -> List[Range]:
-    """The maximal subtrees of the tree over ``[lo, hi)`` whose leaves are all in ``held``, left to right."""
-    if all(v in held for v in range(lo, hi)):
+    """The maximal subtrees of the tree over ``[lo, hi)`` whose leaves are all in ``held``, left
+    to right: O(|held| log width), subtrees holding none of them are never entered."""
+    return _cover(lo, hi, sorted(held))
+
+
+def _cover(lo: int, hi: int, held: List[int]) -> List[Range]:
+    n = bisect.bisect_left(held, hi) - bisect.bisect_left(held, lo)  # held leaves in [lo, hi)
+    if n == hi - lo:
         return [(lo, hi)]
-    if hi - lo == 1:
+    if n == 0:
         return []
     mid = split(lo, hi)
-    return cover(lo, mid, held) + cover(mid, hi, held)
+    return _cover(lo, mid, held) + _cover(mid, hi, held)
 
 
 def tree_sum(lo: int, hi: int, leaf: Callable[[int], torch.Tensor]) -> torch.Tensor:
