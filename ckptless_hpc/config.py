@@ -687,9 +687,9 @@ def validation_errors(cfg: Any, probes: Optional[Probes] = None) -> List[str]:
 
 
 def min_nodes(cfg: Any) -> int:
-    """``cluster.min_nodes``, or ``cluster.nodes`` where it is null (never shrink)."""
-    m = cfg.cluster.min_nodes
-    return int(m) if _is_int(m) else int(cfg.cluster.nodes)
+    """``cluster.min_nodes``, or ``cluster.nodes`` where it is null (never shrink); ``cfg``: a config or its ``cluster`` section."""
+    c = cfg.cluster if hasattr(cfg, "cluster") else cfg
+    return int(c.min_nodes) if _is_int(c.min_nodes) else int(c.nodes)
 
 
 def node_losses(cfg: Any) -> str:

@@ -140,10 +140,6 @@ class Degraded:
         elif open_:
             self.spans[-1].update(to_step=step, t_to=t)
 
-    @property
-    def now(self) -> bool:
-        return bool(self.spans) and self.spans[-1]["to_step"] is None
-
     def report(self, now: float, last_step: int) -> Dict[str, Any]:
         """``{"seconds", "spans": [{"from_step", "to_step", "processes", "seconds"}]}``: a span still open ends now."""
         spans = [

@@ -270,12 +270,16 @@ class JobMachine:
         and in a job that shrank one more per node's worth of ranks without a process (to grow back)."""
         if self.stopping or not self.opts.refill_spares:
             return 0
-        vacant = self.world - len(self.members.ranks)
-        return self.members.spare_nodes_missing(self.opts.spare_nodes + (-(-vacant // self.members.wpn) if vacant > 0 else 0))
+        return self.members.spare_nodes_missing(self.opts.spare_nodes + -(-self.vacant // self.members.wpn))
+
+    @property
+    def vacant(self) -> int:
+        """Ranks no process trains on its own: those a job that shrank dealt to its survivors (0 when whole)."""
+        return max(0, self.world - len(self.members.ranks))
 
     def grow_due(self) -> bool:
         """A job that shrank has a built spare: re-form (with no failure) to hand it ranks back
         (the recovery's plan promotes it, recovery.py). O(1) unless the job is shrunk."""
-        if len(self.members.ranks) >= self.world or self.opts.recovery.min_nodes is None or self.phase is not Phase.TRAINING or self.all_done():
+        if not self.vacant or self.opts.recovery.min_nodes is None or self.phase is not Phase.TRAINING or self.all_done():
             return False
         return any(sp.ready and sp.worker not in self.doomed and sp.node not in self.members.bad_nodes for sp in self.members.spares())

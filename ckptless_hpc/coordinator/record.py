@@ -95,7 +95,7 @@ def summary(
         "final_state_sha256": final_sha,
         "final": final,  # train.save_final: the model file and the state folder, with their sha256
         "world_size": job.world,
-        "workers": f"{len(job.members.ranks)}/{job.world}" + (" (degraded)" if len(job.members.ranks) < job.world else ""),
+        "workers": f"{len(job.members.ranks)}/{job.world}" + (" (degraded)" if job.vacant else ""),
         "degraded": r.degraded.report(r.clock(), t.steps.last_step or 0),
         "generations": job.gen + 1,
         **r.timing(t.steps.productive_s),

@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from ..config import min_nodes
 from ..metrics import Recovery
 from ..state.placement import LOST
 from ..control.messages import Fetched, Held, Joining, Message, Ready
@@ -48,8 +49,8 @@ class Options:
 
     @classmethod
     def from_cluster(cls, c: Any) -> "Options":
-        m = c.min_nodes
-        elastic = int(m) if m is not None and int(m) < int(c.nodes) else None
+        m = min_nodes(c)
+        elastic = m if m < int(c.nodes) else None
         times = float(c.recovery_timeout_s), float(c.startup_timeout_s), float(c.heartbeat_timeout_s), float(c.heartbeat_interval_s)
         return cls(*times, min_nodes=elastic, world=int(c.nodes) * int(c.workers_per_node))
 

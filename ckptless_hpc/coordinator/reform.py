@@ -73,8 +73,8 @@ class Reformer:
             at=rec.t_ready,
             survivors=survivors,
         )
-        vacant = self.job.world - len(self.ranks)  # a job that shrank: spares to grow back too
-        self.telemetry.feed.reformed(rec, len(rec.replacements) + vacant if self.cfg.cluster.refill_spares else 0)  # refilled once it resumed
+        # a job that shrank: spares to grow back with too
+        self.telemetry.feed.reformed(rec, len(rec.replacements) + self.job.vacant if self.cfg.cluster.refill_spares else 0)  # refilled once it resumed
 
     def _survivor_continuity(self, rec: Any) -> Dict[str, Any]:
         """Are the survivors of this recovery the processes launched for them? Measured by the

@@ -95,7 +95,6 @@ class FixedReduce:
     def __init__(self, world: int, holders: Sequence[Sequence[int]], rank: int) -> None:
         self.world = world
         self.holders = holders_of(world, holders)
-        self.rank = rank
         self.covers = [cover(0, world, frozenset(vs)) for vs in self.holders]
         self.mine = self.covers[rank]
         self.root = next(p for p, vs in enumerate(self.holders) if 0 in vs)  # who holds virtual rank 0
