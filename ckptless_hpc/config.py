@@ -31,7 +31,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("stop", "skip")
 PARALLEL_MODES = ("ddp", "zero", "fsdp", "hsdp")
 REDUCTIONS = ("auto", "allreduce", "fixed")
-ELASTIC_MODES = ("ddp",)  # parallel modes a job can shrink in (cluster.min_nodes < cluster.nodes)
+ELASTIC_MODES = ("ddp", "zero")  # parallel modes a job can shrink in (cluster.min_nodes < cluster.nodes)
 
 
 #: A worker silent this long is hung: a larger cluster.heartbeat_timeout_s would turn hang detection off.
@@ -446,8 +446,8 @@ class ParallelConfig:
                 p.mode in ELASTIC_MODES,
                 "cluster.min_nodes",
                 c.min_nodes,
-                f"a job of parallel.mode={p.mode} cannot shrink yet: its sharded state would have to be re-partitioned over the survivors",
-                "use parallel=ddp to shrink, or leave cluster.min_nodes=null (a loss past the spares stops the job: docs/failure-semantics.md)",
+                f"a job of parallel.mode={p.mode} cannot shrink yet: FSDP2's parameters are sharded over the processes, so the survivors would have to re-shard the model",
+                "use parallel=ddp or zero to shrink, or leave cluster.min_nodes=null (a loss past the spares stops the job: docs/failure-semantics.md)",
             )
             need(
                 t.reduction != "allreduce",

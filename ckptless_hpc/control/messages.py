@@ -218,8 +218,8 @@ class FaultFired(_Message):
 @dataclass(frozen=True)
 class Done(_Message):
     TYPE: ClassVar[str] = "done"
-    _WIRE: ClassVar[Tuple[str, ...]] = ("gen", "rank", "step", "sha256", "shard", "copies_bytes", "copy_costs")
-    _OMIT: ClassVar[FrozenSet[str]] = frozenset({"shard", "copies_bytes", "copy_costs"})
+    _WIRE: ClassVar[Tuple[str, ...]] = ("gen", "rank", "step", "sha256", "shard", "copies_bytes", "copy_costs", "adopted")
+    _OMIT: ClassVar[FrozenSet[str]] = frozenset({"shard", "copies_bytes", "copy_costs", "adopted"})
     gen: int
     sha256: str
     rank: Optional[int] = None
@@ -227,6 +227,7 @@ class Done(_Message):
     shard: Optional[int] = None  # sharded: the shard this sha256 is of
     copies_bytes: Optional[Dict[str, int]] = None  # sharded: host bytes of its own snapshots and held copies
     copy_costs: Optional[Dict[str, float]] = None  # sharded: seconds its steps waited for acks, snapshots, bytes sent
+    adopted: Optional[Dict[str, str]] = None  # ZeRO in a job that shrank: the lost ranks' shards it steps -> their sha256
 
 
 @dataclass(frozen=True)
@@ -372,10 +373,12 @@ class Assign(_Message):
     ``rank`` None (no ``rank`` field): the worker keeps the rank it was last ready as.
     ``shard``/``holders``/``holds``: a sharded rank's layout (coordinator/sharding.py).
     ``lost``: the ranks of ``0..world-1`` no process holds any more (a job that shrank,
-    ``cluster.min_nodes``): the survivors train them too (rundir/numbering.py ``shrunk``)."""
+    ``cluster.min_nodes``): the survivors train them too (rundir/numbering.py ``shrunk``).
+    ``adopted`` (ZeRO, a job that shrank): lost rank -> ``{"holders", "sources"}`` of its
+    shard, which this worker steps too (coordinator/sharding.py)."""
 
     TYPE: ClassVar[str] = "assign"
-    _OMIT: ClassVar[FrozenSet[str]] = frozenset({"rank", "shard", "holders", "holds", "load", "lost"})
+    _OMIT: ClassVar[FrozenSet[str]] = frozenset({"rank", "shard", "holders", "holds", "load", "lost", "adopted"})
     gen: int
     rank: Optional[int]
     world: int
@@ -387,6 +390,7 @@ class Assign(_Message):
     holds: Optional[Any] = None
     load: Optional[Dict[str, Any]] = None
     lost: Optional[List[int]] = None
+    adopted: Optional[Dict[str, Dict[str, Any]]] = None
 
 
 def assign(

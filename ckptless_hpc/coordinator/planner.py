@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..rundir.numbering import initial_ranks as initial_ranks, node_order  # the numbering rule, below both its users (rundir/numbering.py)
+from ..rundir.numbering import initial_ranks as initial_ranks, node_order, trained_by  # the numbering rule, below both its users (rundir/numbering.py)
 
 
 MAX_SOURCES = 4  # state sources named per worker: a few alternatives, never every survivor
@@ -37,6 +37,7 @@ class Plan:
     ranks: Dict[int, str]  # rank -> worker after recovery
     promoted: Dict[int, str]  # failed rank -> spare worker
     sources: Dict[str, List[str]] = field(default_factory=dict)  # worker needing state -> source workers, in order
+    adopted: Dict[int, List[str]] = field(default_factory=dict)  # ZeRO, a job that shrank: lost rank whose shard its new holder fetches -> sources
 
 
 def by_node(workers: Iterable[Tuple[str, str]]) -> List[Tuple[str, List[str]]]:
@@ -145,24 +146,32 @@ def plan_sharded_recovery(
     active_nodes: Set[str],
     bad_nodes: Set[str],
     max_sources: int = MAX_SOURCES,
+    elastic: Optional[Elastic] = None,
 ) -> Tuple[Optional[Plan], str]:
     """As :func:`plan_recovery`, for sharded state: the target is the newest step at which every
     shard is held by a survivor (its owner's live state or snapshot, a holder's copy, a replica
     of the same shard index); a worker that does not hold its own shard at the target fetches
     it from the workers that do. (None, why) when a shard is lost (owner and holders) or no
-    spare is left."""
+    spare is left. ``elastic`` (ZeRO): the ranks no spare fills go to survivors
+    (rundir/numbering.py ``trained_by``), each of which steps their shards too, fetched where
+    it holds no copy (``Plan.adopted``)."""
     from ..state.placement import plan_shards
 
     survivors = {r: w for r, w in ranks.items() if w not in failed}
-    promoted, why = _promote(ranks, failed, spares, active_nodes, bad_nodes)
+    if elastic is None:
+        promoted, shrunk = _promote(ranks, failed, spares, active_nodes, bad_nodes)
+    else:
+        promoted, shrunk = _promote_elastic(ranks, failed, spares, active_nodes, bad_nodes, elastic)
     if promoted is None:
-        return None, why
+        return None, shrunk
     new_ranks = dict(survivors)
     new_ranks.update(promoted)
     alive = {w: inventories.get(w, {}) for w in survivors.values()}
-    shards, why = plan_shards(new_ranks, shard_of_rank, alive, max_sources)
+    world = elastic.world if elastic is not None else len(ranks)
+    shards, why = plan_shards(trained_by(new_ranks, world), shard_of_rank, alive, max_sources)
     if shards is None:
         return None, why
-    sources = {new_ranks[r]: ws for r, ws in shards.sources.items()}
-    reason = f"target step {shards.target_step} (every shard held); " + ", ".join(f"rank {r} -> {w}" for r, w in promoted.items())
-    return Plan(shards.target_step, dict(sorted(new_ranks.items())), promoted, sources), reason
+    sources = {new_ranks[r]: ws for r, ws in shards.sources.items() if r in new_ranks}
+    adopted = {r: ws for r, ws in shards.sources.items() if r not in new_ranks}
+    reason = f"target step {shards.target_step} (every shard held); " + ", ".join([f"rank {r} -> {w}" for r, w in promoted.items()] + ([shrunk] if shrunk else []))
+    return Plan(shards.target_step, dict(sorted(new_ranks.items())), promoted, sources, adopted), reason

@@ -91,6 +91,7 @@ class Assign:
     ranks: Mapping[int, str]
     step: int
     sources: Mapping[str, List[str]]
+    adopted: Mapping[int, List[str]] = field(default_factory=dict)  # ZeRO, a job that shrank: lost rank -> sources of its shard
 
 
 @dataclass(frozen=True)
@@ -295,9 +296,9 @@ class RecoveryMachine:
     def _plan(self, held_steps: Mapping[str, Optional[int]]) -> Tuple[Optional[Plan], str]:
         m = self.members
         spares = [sp for sp in m.spares() if sp.worker not in self.doomed]
-        if self.layout.sharded:
-            return plan_sharded_recovery(m.ranks, m.failed(), inventories(self._tally.held), self.layout.shard_of, spares, m.active_nodes, m.bad_nodes)
         elastic = None if self.opts.min_nodes is None else Elastic(self.opts.world, self.opts.min_nodes, {w: m.workers[w].node for w in m.ranks.values()})
+        if self.layout.sharded:
+            return plan_sharded_recovery(m.ranks, m.failed(), inventories(self._tally.held), self.layout.shard_of, spares, m.active_nodes, m.bad_nodes, elastic=elastic)
         return plan_recovery(m.ranks, m.failed(), held_steps, spares, m.active_nodes, m.bad_nodes, elastic=elastic)
 
     def _assign(self, now: float) -> List[Action]:
@@ -311,7 +312,7 @@ class RecoveryMachine:
         ready = Arrivals(ranks.values(), t.ready.__contains__)
         self._enter(FORM, lambda: bool(t.start_failed) or ready(), now + limit)
         self._limit = limit
-        return [Assign(ranks, plan.target_step, plan.sources), ReleaseCommands()]
+        return [Assign(ranks, plan.target_step, plan.sources, plan.adopted), ReleaseCommands()]
 
     def _blame(self, start_failed: Mapping[str, Tuple[str, Tuple[str, ...]]]) -> List[Action]:
         """Each start failure counts against who caused it: the sources the worker names when

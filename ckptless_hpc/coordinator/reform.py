@@ -5,9 +5,10 @@ that keep their rank, encoded once) and what a re-formed generation leaves in th
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from ..control import messages
+from ..rundir.numbering import trained_by
 from ..rundir.restart import shard_copy as _shard_copy
 from . import continuity
 from .membership import WorkerRec
@@ -38,19 +39,26 @@ class Reformer:
     def ranks(self) -> Dict[int, str]:
         return self.job.members.ranks
 
-    def assign(self, ranks: Dict[int, str], step: int, sources: Dict[str, List[str]], load: Optional[Dict[str, Any]] = None) -> None:
+    def assign(self, ranks: Dict[int, str], step: int, sources: Dict[str, List[str]], load: Optional[Dict[str, Any]] = None, adopted: Mapping[int, List[str]] = {}) -> None:
         """Every rank's assign. A survivor that keeps the rank it last said it was ready as, with
         nothing to fetch or load (most of a recovery's ranks), gets one shared message without a
-        rank, encoded once (and one entry per node's relay): at 10k ranks, 10k encodings fewer."""
+        rank, encoded once (and one entry per node's relay): at 10k ranks, 10k encodings fewer.
+        ``adopted`` (ZeRO, a job that shrank): the sources of each lost rank's shard."""
         done, world = sorted(self.job.faults_done), self.job.world
         lost = [r for r in range(world) if r not in ranks] if len(ranks) < world else []  # a shrunk job: the survivors train these too
         ends = Endpoints(self.workers)
         self.job.members.assign(ranks)
-        if self.job.layout.sharded:
-            self.job.layout.place({r: self.workers[w].node for r, w in ranks.items()})
+        layout = self.job.layout
+        trainer = ranks
+        steps: Dict[str, List[int]] = {}  # worker -> the lost ranks whose shards it steps
+        if layout.sharded:
+            trainer = trained_by(ranks, world)
+            for v in lost:
+                steps.setdefault(trainer[v], []).append(v)
+            layout.place({v: self.workers[w].node for v, w in trainer.items()})
         keeping = []
         for r, wid in ranks.items():
-            extra = self.job.layout.assign_fields(r, ranks, ends)
+            extra = layout.assign_fields(r, trainer, ends, steps.get(wid, ()), adopted)
             if not extra and not load and wid not in sources and self.workers[wid].ready_rank == r:
                 keeping.append(wid)
                 continue

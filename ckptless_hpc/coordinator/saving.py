@@ -128,7 +128,8 @@ class Saver:
         the lowest rank holding it), then its index and the full model (the lowest live rank, from the files):
         RUN_DIR/final/state/ and RUN_DIR/final/model.pt. What was written, or why not."""
         r, step = self.record, self.cfg.train.steps
-        writers = verdicts.final_writers(done, {w: self.workers[w].rank for w in done}, self.layout.shard_of)
+        adopted = {w: [int(k) for k in m.adopted] for w, m in done.items() if m.adopted}
+        writers = verdicts.final_writers(done, {w: self.workers[w].rank for w in done}, self.layout.shard_of, adopted)
         if not await self.write_shards(r.paths.final_state, writers, step):
             return {"error": f"the final state was not written: {r.save_error or 'a writer did not answer'}"}
         files = [r.shard_saves[k]["path"] for k in sorted(r.shard_saves)]

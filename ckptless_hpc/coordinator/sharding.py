@@ -6,7 +6,7 @@ assign message they produce; no I/O."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..state.placement import REPLICATED_BY_COPIES, layout_tolerance, place, shard_map, tolerance
 
@@ -58,13 +58,23 @@ class Layout:
     def live_tolerance(self, rank_node: Mapping[int, str]) -> int:
         return tolerance(rank_node, self.placement) if self.factor > 0 else 0
 
-    def assign_fields(self, rank: int, ranks: Mapping[int, str], endpoints: Any) -> Dict[str, Any]:
-        """What a sharded rank's assign carries: its shard, its holders, and the shards it holds copies of."""
+    def assign_fields(self, rank: int, ranks: Mapping[int, str], endpoints: Any, adopted: Sequence[int] = (), sources: Mapping[int, Sequence[str]] = {}) -> Dict[str, Any]:
+        """What a sharded rank's assign carries: its shard, its holders, and the shards it holds
+        copies of. ``ranks``: every rank -> the worker that trains it; ``adopted``: the lost
+        ranks this one trains too (ZeRO, a job that shrank), whose shards it steps: each with
+        its holders and, where it holds no copy, the ``sources`` to fetch it from."""
         if not self.sharded:
             return {}
-        holders = [{"worker": ranks[h], "host": endpoints[ranks[h]][0], "port": endpoints[ranks[h]][1]} for h in self.placement.get(rank, [])]
-        holds = sorted(self.shard_of[o] for o, hs in self.placement.items() if rank in hs)
-        return {"shard": self.shard_of[rank], "holders": holders, "holds": holds}
+
+        def at(workers: Iterable[str]) -> List[Dict[str, Any]]:
+            return [{"worker": w, "host": endpoints[w][0], "port": endpoints[w][1]} for w in workers]
+
+        trains = {rank, *adopted}
+        holds = sorted({self.shard_of[o] for o, hs in self.placement.items() if trains.intersection(hs)})
+        out: Dict[str, Any] = {"shard": self.shard_of[rank], "holders": at(ranks[h] for h in self.placement.get(rank, [])), "holds": holds}
+        if adopted:
+            out["adopted"] = {str(v): {"holders": at(ranks[h] for h in self.placement.get(v, [])), "sources": at(sources.get(v, ()))} for v in adopted}
+        return out
 
     def final_sha(self, done: Mapping[str, Any], rank_of: Mapping[str, int]) -> Tuple[Optional[str], Optional[str]]:
         """The job's fingerprint from the ranks' done messages: ddp, the one hash every replica
@@ -76,7 +86,9 @@ class Layout:
             return next(iter(hashes)), None
         by_shard: Dict[int, set] = {}
         for w, m in done.items():
-            by_shard.setdefault(self.shard_of[rank_of[w]] if m.shard is None else int(m.shard), set()).add(m.sha256)
+            own = self.shard_of[rank_of[w]] if m.shard is None else int(m.shard)
+            for shard, sha in [(own, m.sha256), *((int(k), v) for k, v in (getattr(m, "adopted", None) or {}).items())]:
+                by_shard.setdefault(shard, set()).add(sha)
         split = {s: sorted(h)[:2] for s, h in by_shard.items() if len(h) != 1}
         if split:
             return None, f"replicas of a shard diverged: {split}"

@@ -354,7 +354,7 @@ class Coordinator:
         elif isinstance(a, Lose):
             self._lost(self.workers[a.worker], a.why)
         elif isinstance(a, Assign):
-            self.reformer.assign(dict(a.ranks), a.step, a.sources)
+            self.reformer.assign(dict(a.ranks), a.step, a.sources, adopted=a.adopted)
         elif isinstance(a, ReleaseCommands):
             self.launcher.release_commands()  # promotion sent (or nothing to promote): now the scancel/scontrol of the failed nodes
         elif isinstance(a, Reformed):

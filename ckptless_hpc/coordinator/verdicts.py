@@ -3,7 +3,7 @@ and the saver (saving.py) carry the endings out; what they say is decided here."
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -29,11 +29,14 @@ def save_holder(survivors: Mapping[int, str], held: Mapping[str, Optional[int]])
     return target, next(w for r, w in sorted(survivors.items()) if steps.get(w) == target)
 
 
-def final_writers(done: Any, rank_of: Mapping[str, int], shard_of: Mapping[int, int]) -> Dict[int, str]:
-    """train.save_final: each shard written by the lowest rank holding it."""
+def final_writers(done: Any, rank_of: Mapping[str, int], shard_of: Mapping[int, int], adopted: Optional[Mapping[str, Iterable[int]]] = None) -> Dict[int, str]:
+    """train.save_final: each shard written by the lowest rank holding it (``adopted``: the lost
+    ranks' shards a worker steps in a job that shrank under ZeRO, which it holds alone)."""
     writers: Dict[int, str] = {}
     for w in sorted(done, key=lambda w: rank_of[w]):
         writers.setdefault(shard_of.get(rank_of[w], 0), w)
+        for shard in (adopted or {}).get(w, ()):
+            writers.setdefault(shard, w)
     return writers
 
 

@@ -8,7 +8,9 @@ the rule lives here, below both; ``coordinator/planner.py`` imports it. Pure.
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Mapping, Sequence, Tuple, TypeVar
+
+T = TypeVar("T")
 
 
 def node_order(name: str) -> Tuple:
@@ -40,3 +42,12 @@ def shrunk(world: int, lost: Sequence[int]) -> Tuple[List[int], List[List[int]]]
     for i, r in enumerate(gone):
         holders[i * len(live) // len(gone)].append(r)
     return live, holders
+
+
+def trained_by(ranks: Mapping[int, T], world: int) -> Dict[int, T]:
+    """Every rank of ``0..world-1`` -> the process that trains it: its own (``ranks``), or for a
+    rank a shrink left without one, the survivor :func:`shrunk` deals it to."""
+    if len(ranks) == world:
+        return dict(ranks)
+    live, holders = shrunk(world, [r for r in range(world) if r not in ranks])
+    return {v: ranks[r] for r, vs in zip(live, holders) for v in vs}

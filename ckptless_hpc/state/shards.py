@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
 import torch
 
@@ -49,22 +49,34 @@ def _copy_into(src: Entries, reuse: Optional[Entries]) -> Entries:
 
 
 class ShardStore:
-    """Own snapshots (step -> copy) and held copies (shard -> step -> copy); thread-safe (the
+    """Own snapshots (shard -> step -> copy: the rank's shard, and in a job that shrank under
+    ZeRO the lost ranks' it steps) and held copies (shard -> step -> copy); thread-safe (the
     state server's threads add held copies and read both)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.own: Dict[int, Copy] = {}
+        self.own: Dict[int, Dict[int, Copy]] = {}
         self.held: Dict[int, Dict[int, Copy]] = {}
-        self._spare: Optional[Entries] = None  # a dropped snapshot's buffers, reused by the next
+        self._spare: Dict[int, Entries] = {}  # per shard: a dropped snapshot's buffers, reused by the next
 
-    def snapshot(self, step: int, entries: Entries, meta: Dict[str, Any]) -> Copy:
+    def snapshot(self, step: int, entries: Entries, meta: Dict[str, Any], shard: int = 0) -> Copy:
         with self._lock:
-            reuse, self._spare = self._spare, None
+            reuse = self._spare.pop(shard, None)
         copy = (_copy_into(entries, reuse), dict(meta))
         with self._lock:
-            self.own[step] = copy
+            self.own.setdefault(shard, {})[step] = copy
         return copy
+
+    def own_copy(self, shard: int, step: int) -> Optional[Copy]:
+        with self._lock:
+            return self.own.get(shard, {}).get(step)
+
+    def release(self, shard: int) -> None:
+        """A shard this worker no longer steps (handed back to a rank that grew the job back):
+        its snapshots become held copies, served until the new placement is durable."""
+        with self._lock:
+            copies = self.own.pop(shard, {})
+            self.held.setdefault(shard, {}).update(copies)
 
     def keep(self, shard: int, step: int, got: Received) -> None:
         """A holder's verified copy of ``shard`` at ``step``; the two newest per shard are kept
@@ -79,18 +91,21 @@ class ShardStore:
         """Every rank's copy of ``step`` exists: what is older can go (the newest own snapshot
         is always kept)."""
         with self._lock:
-            newest = max(self.own, default=None)
-            for s in [s for s in self.own if s < step and s != newest]:
-                entries, _ = self.own.pop(s)
-                self._spare = entries
+            for shard, own in self.own.items():
+                newest = max(own, default=None)
+                for s in [s for s in own if s < step and s != newest]:
+                    entries, _ = own.pop(s)
+                    self._spare[shard] = entries
             for copies in self.held.values():
                 for s in [s for s in copies if s < step and s != max(copies)]:
                     del copies[s]
 
-    def get(self, shard: int, step: int, own_shard: Optional[int]) -> Optional[Copy]:
+    def get(self, shard: int, step: int) -> Optional[Copy]:
+        """Its own snapshot of ``shard`` at ``step``, or a held copy of it."""
         with self._lock:
-            if shard == own_shard and step in self.own:
-                return self.own[step]
+            own = self.own.get(shard, {})
+            if step in own:
+                return own[step]
             return self.held.get(shard, {}).get(step)
 
     def drop_held(self, keep_shards: Optional[set] = None) -> None:
@@ -100,35 +115,41 @@ class ShardStore:
                 if keep_shards is None or shard not in keep_shards:
                     del self.held[shard]
 
-    def inventory(self, own_shard: Optional[int], live: Optional[int]) -> Dict[int, List[int]]:
+    def inventory(self, live_shards: Iterable[int], live: Optional[int]) -> Dict[int, List[int]]:
+        """shard -> the steps it is held at here: held copies, own snapshots, and the ``live``
+        step of the shards whose live state this worker holds."""
         with self._lock:
-            inv: Dict[int, List[int]] = {s: sorted(c) for s, c in self.held.items() if c}
-            if own_shard is not None:
-                mine = set(self.own)
+            inv: Dict[int, Set[int]] = {s: set(c) for s, c in self.held.items() if c}
+            for shard, own in self.own.items():
+                inv.setdefault(shard, set()).update(own)
+            for shard in live_shards:
                 if live is not None:
-                    mine.add(live)
-                inv[own_shard] = sorted(set(inv.get(own_shard, [])) | mine)
-            return inv
+                    inv.setdefault(shard, set()).add(live)
+            return {s: sorted(steps) for s, steps in inv.items() if steps}
 
     def nbytes(self) -> Dict[str, int]:
         with self._lock:
-            own = sum(state_nbytes(e) for e, _ in self.own.values())
+            own = sum(state_nbytes(e) for o in self.own.values() for e, _ in o.values())
             held = sum(state_nbytes(e) for c in self.held.values() for e, _ in c.values())
         return {"own": own, "held": held}
 
 
+Push = Tuple[int, Copy, List[Tuple[str, int, str]]]  # (shard, copy, holders [(host, port, worker)])
+
+
 class Replicator:
-    """Sends this rank's snapshots to its holders in one background thread, newest first (an
-    older copy still queued is dropped: the newer one supersedes it), retrying a holder that
-    fails until the copy is superseded or the generation changes."""
+    """Sends this rank's snapshots (of each shard it steps) to their holders in one background
+    thread, newest step first (an older step's copies still queued are dropped: the newer ones
+    supersede them), retrying a holder that fails until the copy is superseded or the
+    generation changes. A step is confirmed once every holder of every shard acknowledged."""
 
     RETRY_S = 0.2
 
     def __init__(self, secret: str, timeout_s: float, on_error: Callable[[str], None], on_change: Callable[[], None] = lambda: None) -> None:
         self.secret, self.timeout_s, self.on_error, self.on_change = secret, timeout_s, on_error, on_change
-        self._acked: Dict[int, set] = {}  # step -> workers that acknowledged its copy
+        self._acked: Dict[int, set] = {}  # step -> (shard, worker) pairs that acknowledged its copies
         self._cond = threading.Condition()
-        self._job: Optional[Tuple[int, int, int, Copy, List[Tuple[str, int, str]]]] = None  # (gen, shard, step, copy, holders)
+        self._job: Optional[Tuple[int, int, List[Push]]] = None  # (gen, step, pushes)
         self.confirmed: Dict[int, float] = {}  # step -> seconds it took (every holder acked)
         self.sent_bytes = 0
         self._stopped = False
@@ -137,17 +158,23 @@ class Replicator:
 
     def send(self, gen: int, shard: int, step: int, copy: Copy, holders: List[Tuple[str, int, str]]) -> None:
         """Queue the copy of ``step`` for ``holders`` [(host, port, worker)]; none: confirmed at once."""
+        self.send_all(gen, step, [(shard, copy, list(holders))])
+
+    def send_all(self, gen: int, step: int, pushes: List[Push]) -> None:
+        """Queue the copies of ``step``, each shard's for its holders; none: confirmed at once."""
+        pushes = [(shard, copy, list(holders)) for shard, copy, holders in pushes if holders]
         with self._cond:
-            if not holders:
+            if not pushes:
                 self.confirmed.setdefault(step, 0.0)
                 self._cond.notify_all()
                 self.on_change()
                 return
             self.confirmed.pop(step, None)
-            self._job = (gen, shard, step, copy, list(holders))
+            self._job = (gen, step, pushes)
             self._cond.notify_all()
 
     def acked(self, step: int) -> set:
+        """The (shard, worker) pairs that acknowledged their copy of ``step``."""
         with self._cond:
             return set(self._acked.get(step, ()))
 
@@ -181,17 +208,17 @@ class Replicator:
                     return
                 job = self._job
             assert job is not None
-            gen, shard, step, (entries, meta), holders = job
+            gen, step, pushes = job
             t0 = time.monotonic()
-            left = list(holders)
+            left = [(shard, copy, holder) for shard, copy, holders in pushes for holder in holders]
             while left:
-                host, port, worker = left[0]
+                shard, (entries, meta), (host, port, worker) = left[0]
                 try:
                     push_state(host, port, self.secret, gen, shard, step, entries, meta, self.timeout_s)
                     left.pop(0)
                     self.sent_bytes += state_nbytes(entries)
                     with self._cond:
-                        self._acked.setdefault(step, set()).add(worker)
+                        self._acked.setdefault(step, set()).add((shard, worker))
                 except TransferError as e:
                     self.on_error(f"copy of shard {shard} at step {step} to {worker}: {e}")
                     with self._cond:

@@ -83,6 +83,12 @@ class Communicator:
         """The virtual ranks this process trains in this generation."""
         return list(self.holders[self.rank]) if self.holders is not None else [self.rank]
 
+    def process_of(self, vrank: int) -> int:
+        """The rank in this generation's group of the process that trains virtual rank ``vrank``."""
+        if self.holders is None:
+            return vrank
+        return next(p for p, vs in enumerate(self.holders) if vrank in vs)
+
     @classmethod
     def form(
         cls,

@@ -157,15 +157,34 @@ class Engine:
         any state is loaded into it."""
         if self.mode == "zero" and self.zero is None:
             self.zero = ZeroPartition(self.model, self.optimizer, self.world, rank)
-            self.optimizer = self.zero.optimizer
-            self.scheduler = self.build_scheduler()
+            self.optimizer = self.zero.own.optimizer
+            self.scheduler = self.zero.own.scheduler = self.build_scheduler()
 
-    def build_scheduler(self) -> Any:
-        return _build_scheduler(self.task, self.optimizer, self.cfg)
+    def build_scheduler(self, optimizer: Optional[torch.optim.Optimizer] = None) -> Any:
+        return _build_scheduler(self.task, optimizer or self.optimizer, self.cfg)
+
+    def hold(self, ranks: Sequence[int]) -> List[int]:
+        """The ranks this process trains (its own; in a job that shrank, lost ones too). ZeRO
+        steps their parts of the optimizer (train/zero.py): returns the ones adopted now, whose
+        state is loaded next (:meth:`apply` with their ``shard``); a part handed back goes."""
+        if self.zero is None:
+            return []
+        return self.zero.hold(ranks, self.build_scheduler)
+
+    def shards(self) -> List[int]:
+        """The shards whose state this process holds live: its rank's, and under ZeRO the lost
+        ranks' it steps in a job that shrank."""
+        return [self.zero.rank, *sorted(self.zero.adopted)] if self.zero is not None else []
+
+    def _parts(self) -> List[Tuple[torch.optim.Optimizer, Any]]:
+        """Each optimizer this process steps, with its scheduler: one, or ZeRO's parts."""
+        if self.zero is None:
+            return [(self.optimizer, self.scheduler)]
+        return [(p.optimizer, p.scheduler) for p in self.zero.parts()]
 
     def bind(self, comm: Any) -> None:
         """Train with this generation's communicator from now on (same rank numbers)."""
-        self.take_rank(comm.rank)
+        self.take_rank(comm.vranks[0])
         self.comm = comm
         self.feed.bind(comm.vranks[0])  # its own rank (a shrunk job's survivor trains the lost ones' too)
         if self.fixed:
@@ -383,8 +402,9 @@ class Engine:
             return self._nonfinite(step, t, loss, grad_norm, metrics)
         if t.clip_grad_norm is not None:
             (self.fsdp or self.grads).clip(float(t.clip_grad_norm), norm)
-        if self.scheduler is None:
-            set_lr(self.optimizer, self.cfg.optim, step, t.steps)
+        for optimizer, scheduler in self._parts():
+            if scheduler is None:
+                set_lr(optimizer, self.cfg.optim, step, t.steps)
         lr = self._lr()
         skipped = None
         if self.scaler is not None:
@@ -395,17 +415,19 @@ class Engine:
                 skipped = "overflow"
                 self.skipped["overflow"] += 1
         else:
-            self.optimizer.step()
+            for optimizer, _ in self._parts():
+                optimizer.step()
         if self.zero is not None:
             self.zero.stale = True
         self._step_scheduler(loss)
         return StepResult(loss, grad_norm, lr, skipped=skipped, metrics=metrics)
 
     def _step_scheduler(self, loss: float) -> None:
-        if isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            self.scheduler.step(loss)
-        elif self.scheduler is not None:
-            self.scheduler.step()
+        for _, scheduler in self._parts():
+            if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                scheduler.step(loss)
+            elif scheduler is not None:
+                scheduler.step()
 
     def _nonfinite(self, step: int, t: Any, loss: float, grad_norm: float, metrics: Dict[str, float]) -> StepResult:
         self.buffers.restore()
@@ -415,8 +437,9 @@ class Engine:
         if self.skipped["nonfinite"] >= skip_budget(t.steps, t.max_skipped_fraction):  # the same count on every rank: all stop here
             return StepResult(loss, grad_norm, lr, committed=False, over_budget=self.skipped["nonfinite"], metrics=metrics)
         self.skipped["nonfinite"] += 1
-        if self.scheduler is not None and not isinstance(self.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-            self.scheduler.step()  # the LR stays a function of the step index
+        for _, scheduler in self._parts():
+            if scheduler is not None and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                scheduler.step()  # the LR stays a function of the step index
         return StepResult(loss, grad_norm, lr, skipped="nonfinite", metrics=metrics)
 
     # ------------------------------------------------------------------ evaluation
@@ -459,25 +482,39 @@ class Engine:
         entries, meta = self.collect(step)
         return [Piece(k, v, None) for k, v in entries], meta
 
-    def collect(self, step: int) -> Tuple[Entries, Dict[str, Any]]:
-        """The state of ``step`` this rank holds: all of it (ddp), or its shard (views, no copies)."""
+    def collect(self, step: int, shard: Optional[int] = None) -> Tuple[Entries, Dict[str, Any]]:
+        """The state of ``step`` this rank holds: all of it (ddp), or its shard (views, no copies);
+        ``shard``: under ZeRO, that of a lost rank this process steps in a job that shrank."""
+        part = self.zero.part(shard) if self.zero is not None else None
+        scheduler = part.scheduler if part is not None else self.scheduler
         extra = {
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "skipped": dict(self.skipped),
         }
         if self.fsdp is not None:
             return self.fsdp.collect(step, extra)
-        keys = self.zero.model_keys if self.zero is not None else None
-        return collect_state(self.model, self.optimizer, self.task, step, extra, model_keys=keys)
+        if part is not None:
+            return collect_state(self.model, part.optimizer, self.task, step, extra, model_keys=part.model_keys)
+        return collect_state(self.model, self.optimizer, self.task, step, extra)
 
     def model_key_map(self) -> Dict[str, str]:
         """Each key of the model's ``state_dict()`` -> the state entry holding it (state/export.py)."""
         return key_map(self.model, sharded_params=self.fsdp is not None)
 
-    def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False) -> None:
+    def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False, shard: Optional[int] = None) -> None:
         """Load a state (a shard, in a sharded mode) into this rank. The optimizer keeps the
-        tensors it is given: ``copy`` for buffers the caller reuses (a snapshot)."""
+        tensors it is given: ``copy`` for buffers the caller reuses (a snapshot). ``shard``: a
+        lost rank's (ZeRO, a job that shrank: :meth:`hold`), at the step of this rank's own."""
+        if shard is not None and self.zero is not None and shard != self.zero.rank:
+            part = self.zero.part(shard)
+            if copy:
+                entries = [(n, t.clone()) for n, t in entries]
+            apply_state(self.model, part.optimizer, self.task, entries, meta, model_keys=part.model_keys)
+            if part.scheduler is not None and meta.get("scheduler") is not None:
+                part.scheduler.load_state_dict(meta["scheduler"])
+            self.zero.stale = True
+            return
         if self.fsdp is not None:  # copied in place: nothing is aliased
             self.fsdp.apply(entries, meta)
             if self.fsdp.binding is None:  # all of it once sharded, at its first bind
@@ -485,7 +522,7 @@ class Engine:
         else:
             if copy:
                 entries = [(n, t.clone()) for n, t in entries]
-            keys = self.zero.model_keys if self.zero is not None else None
+            keys = self.zero.own.model_keys if self.zero is not None else None
             apply_state(self.model, self.optimizer, self.task, entries, meta, model_keys=keys)
         self.apply_meta(meta)
         self.state_step = int(meta["step"])

@@ -12,12 +12,17 @@ Ownership is by whole parameter tensor, greedy by size (largest first, to the le
 rank; ties by rank), a pure function of the model and the world size, so a replacement computes
 the same partition. A rank's shard: its parameters, their optimizer state, every buffer (the
 same on every rank) and the task's tensors.
+
+In a job that shrank (``cluster.min_nodes``), a survivor also steps the parts of the lost ranks it
+trains, each with the optimizer its rank had (:meth:`ZeroPartition.hold`): the partition stays
+one of the job's ranks, whatever number of processes holds them.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Dict, List, Set, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
@@ -33,7 +38,21 @@ def partition(sizes: List[int], world: int) -> List[int]:
     return owner
 
 
+@dataclass
+class Part:
+    """One rank's part of the optimizer: the parameters it owns, their optimizer (of the task's
+    class and hyper-parameters) and that optimizer's scheduler, and the model keys of its shard."""
+
+    optimizer: torch.optim.Optimizer
+    model_keys: Set[str]
+    scheduler: Any = None
+
+
 class ZeroPartition:
+    """The parts this process steps: its own rank's (``own``), and in a job that shrank those of
+    the lost ranks it trains (``adopted``, :meth:`hold`). Each part keeps the optimizer its rank
+    would have on a process of its own, so its state (and its fingerprint) is that rank's."""
+
     def __init__(self, model: torch.nn.Module, full: torch.optim.Optimizer, world: int, rank: int) -> None:
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if len(named) < world:
@@ -41,47 +60,81 @@ class ZeroPartition:
                 f"parallel=zero shards whole parameter tensors and the model has {len(named)} for {world} ranks. "
                 "HINT: use parallel=fsdp (it splits tensors), parallel=ddp, or fewer ranks"
             )
-        self.world, self.rank = world, rank
+        self.world, self.rank, self._full = world, rank, full
         owners = partition([p.numel() for _, p in named], world)
-        self.owner_of = {id(p): o for (_, p), o in zip(named, owners)}
-        mine = {id(p) for (_, p), o in zip(named, owners) if o == rank}
-        self.model_keys: Set[str] = {n for (n, _), o in zip(named, owners) if o == rank}
-        self.model_keys |= {k for k in model.state_dict() if k not in dict(model.named_parameters())}  # buffers
-        groups = []
-        for g in full.param_groups:
-            sub = {k: v for k, v in g.items() if k != "params"}
-            sub["params"] = [p for p in g["params"] if id(p) in mine]
-            groups.append(sub)
-        accepted = inspect.signature(type(full).__init__).parameters
-        self.optimizer = type(full)(groups, **{k: v for k, v in full.defaults.items() if k in accepted})
+        self._owned: Dict[int, List[Tuple[str, torch.Tensor]]] = {o: [] for o in range(world)}
+        for (n, p), o in zip(named, owners):
+            self._owned[o].append((n, p))
+        params = dict(model.named_parameters())
+        self._buffers = {k for k in model.state_dict() if k not in params}
+        self.own = self._part(rank)
+        self.adopted: Dict[int, Part] = {}
         # per (owner, dtype): the parameters it sends, in model order
         self._sends: List[Tuple[int, List[torch.Tensor]]] = []
         for o in range(world):
             by_dtype: Dict[torch.dtype, List[torch.Tensor]] = {}
-            for (_, p), ow in zip(named, owners):
-                if ow == o:
-                    by_dtype.setdefault(p.dtype, []).append(p)
+            for _, p in self._owned[o]:
+                by_dtype.setdefault(p.dtype, []).append(p)
             self._sends += [(o, ps) for ps in by_dtype.values()]
         self._flats: List[torch.Tensor] = []
         self.stale = True  # other owners' parameters are not yet this step's
 
+    def _part(self, rank: int) -> Part:
+        mine = {id(p) for _, p in self._owned[rank]}
+        groups = []
+        for g in self._full.param_groups:
+            sub = {k: v for k, v in g.items() if k != "params"}
+            sub["params"] = [p for p in g["params"] if id(p) in mine]
+            groups.append(sub)
+        full = self._full
+        accepted = inspect.signature(type(full).__init__).parameters
+        optimizer = type(full)(groups, **{k: v for k, v in full.defaults.items() if k in accepted})
+        return Part(optimizer, {n for n, _ in self._owned[rank]} | self._buffers)
+
+    def hold(self, ranks: Sequence[int], scheduler: Callable[[torch.optim.Optimizer], Any]) -> List[int]:
+        """Step the parts of ``ranks`` (the own rank's always): a lost rank's part is built fresh
+        (its state is loaded next), a rank handed back (a job that grew back) is let go. Returns
+        the ranks adopted now."""
+        for r in [r for r in self.adopted if r not in ranks]:
+            del self.adopted[r]
+        new = [r for r in ranks if r != self.rank and r not in self.adopted]
+        for r in new:
+            part = self._part(r)
+            part.scheduler = scheduler(part.optimizer)
+            self.adopted[r] = part
+        return new
+
+    def part(self, rank: Optional[int]) -> Part:
+        """The part of ``rank`` this process steps (None: its own)."""
+        if rank is None or rank == self.rank:
+            return self.own
+        if rank not in self.adopted:
+            raise KeyError(f"rank {self.rank} does not step rank {rank}'s part of the optimizer (it steps {sorted([self.rank, *self.adopted])})")
+        return self.adopted[rank]
+
+    def parts(self) -> List[Part]:
+        return [self.own, *(self.adopted[r] for r in sorted(self.adopted))]
+
     def launch_sync(self, comm: Any) -> List[Any]:
-        """Every owner's parameters to everyone (broadcasts); :meth:`land_sync` after the wait."""
+        """Every owner's parameters to everyone (broadcasts from the process that steps the
+        owner's part); :meth:`land_sync` after the wait."""
         self._flats = []
         futures = []
+        mine = {self.rank, *self.adopted}
         for owner, params in self._sends:
-            if owner == self.rank:
+            if owner in mine:
                 flat = torch.cat([p.detach().reshape(-1) for p in params])
             else:
                 flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
             self._flats.append(flat)
-            futures.append(comm.broadcast(flat, owner))
+            futures.append(comm.broadcast(flat, comm.process_of(owner)))
         return futures
 
     def land_sync(self) -> None:
+        mine = {self.rank, *self.adopted}
         with torch.no_grad():
             for (owner, params), flat in zip(self._sends, self._flats):
-                if owner == self.rank:
+                if owner in mine:
                     continue
                 off = 0
                 for p in params:
@@ -89,6 +142,3 @@ class ZeroPartition:
                     off += p.numel()
         self._flats = []
         self.stale = False
-
-    def owned_numel(self) -> int:
-        return sum(p.numel() for g in self.optimizer.param_groups for p in g["params"])

@@ -55,14 +55,15 @@ class PeerState:
         s = self.standing
         return s.step if s.holds_job_state and self.behind is None else None
 
-    def fetch(self, sources: List[Dict[str, Any]], gen: int, target: int, timeout_s: float) -> None:
+    def fetch(self, sources: List[Dict[str, Any]], gen: int, target: int, timeout_s: float, adopted: Optional[int] = None) -> None:
         """The state of ``target`` from the sources named, in disjoint groups from several at once
         (state/fetch.py), each verified; a damaged or missing group is fetched again. Parameters
         first (``cluster.params_first``, the replicated state): only what the first step's forward
-        and backward need is fetched now, the optimizer state follows behind that step."""
+        and backward need is fetched now, the optimizer state follows behind that step.
+        ``adopted``: a lost rank's shard this process steps in a job that shrank (ZeRO)."""
         srcs = [Source.of(s) for s in sources]
         split = bool(self.cluster.params_first) and not self.engine.sharded
-        shard = self.shards.shard if self.shards is not None else None
+        shard = adopted if adopted is not None else self.shards.shard if self.shards is not None else None
         want = Want(gen, target, shard, "first" if split else "all")
         arena, self.arena = self.arena, None  # its memory comes to hold (part of) the optimizer state
         if arena is not None:
@@ -75,8 +76,12 @@ class PeerState:
             "fetch-state",
         )
         t0 = time.monotonic()
-        (self.engine.apply_first if split else self.engine.apply)(got.received.entries, got.received.meta)
-        self.standing.at(target)
+        if adopted is not None:
+            self.engine.apply(got.received.entries, got.received.meta, shard=adopted)
+            self.shards.loaded(adopted)
+        else:
+            (self.engine.apply_first if split else self.engine.apply)(got.received.entries, got.received.meta)
+            self.standing.at(target)
         self.client.send(Fetched(gen, ",".join(got.by_source), got.received.nbytes, got.received.seconds, time.monotonic() - t0))
         log.info(
             "received %s: %.1f MB at step %d from %s in %.3fs (checksum ok)", want.describe(), got.received.nbytes / 1e6, target, _by_source(got.by_source), got.received.seconds
@@ -148,11 +153,11 @@ class PeerState:
             entries, meta = copy
         elif part == "rest" and self.serves_behind(gen, step):
             entries, meta = self.engine.collect(step)
-        elif s.training or s.step != step or (self.shards is not None and shard != self.shards.shard):
+        elif s.training or s.step != step or (self.shards is not None and shard not in self.shards.live_shards()):
             what = f"step {s.step} (training={s.training})" if self.shards is None else f"{self.shards.describe(s.step)}"
             raise StaleState(f"{self.node} holds {what}; asked for step {step} of generation {gen}" + (f", shard {shard}" if shard is not None else ""))
         else:
-            entries, meta = self.engine.collect(s.step)
+            entries, meta = self.engine.collect(s.step, shard=shard)
         fault = (self.faults.due("optimizer", step) if part != "first" else None) or self.faults.due("send", step)
         if fault is not None and fault.kind in faultlib.WIRE:
             self.faults.done.add(fault.index)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from ..control.messages import Encodable, PeriodicFailed, PeriodicSaved
 from ..rundir.paths import RunPaths, state_file
@@ -42,26 +42,31 @@ class PeriodicCopies:
     def due(self, step: int) -> bool:
         return (self.every > 0 and step % self.every == 0) or step in self._asked
 
-    def after_commit(self, step: int, rank: int, shard: int, collect: Callable[[int], Any]) -> None:
+    def after_commit(self, step: int, rank: int, shards: List[int], collect: Callable[..., Any]) -> None:
         """``step`` is committed: copy it and start writing it if it is due here (the last step
-        is the final state's: train.save_final)."""
+        is the final state's: train.save_final). ``shards``: the pieces this process writes (its
+        own; in a job that shrank under ZeRO the lost ranks' it steps too)."""
         if self.run_dir is None or not self.due(step) or step >= self.last or not writes(self.mode, rank, self.shard_size):
             return
         self._asked = {s for s in self._asked if s > step}
         if self._writing is not None and self._writing.is_alive():
             log.warning("the copy before step %d is still being written: step %d is not copied (raise train.save_every)", step, step)
             return
-        entries, meta = collect(step)
-        entries = [(n, t.detach().clone()) for n, t in entries]  # training goes on over the live tensors
-        path = os.path.join(RunPaths(self.run_dir).saved_step(step), state_file(None if self.mode == "ddp" else shard))
-        self._writing = threading.Thread(target=self._write, args=(path, entries, meta, step, shard), name=f"copy-step{step}", daemon=True)
+        folder = RunPaths(self.run_dir).saved_step(step)
+        pieces = []
+        for shard in shards:
+            entries, meta = collect(step) if self.mode == "ddp" else collect(step, shard=shard)
+            entries = [(n, t.detach().clone()) for n, t in entries]  # training goes on over the live tensors
+            pieces.append((os.path.join(folder, state_file(None if self.mode == "ddp" else shard)), entries, meta, shard))
+        self._writing = threading.Thread(target=self._write, args=(pieces, step), name=f"copy-step{step}", daemon=True)
         self._writing.start()
 
-    def _write(self, path: str, entries: Any, meta: Dict[str, Any], step: int, shard: int) -> None:
-        try:
-            rec = emergency.write(path, entries, meta, describe=f"periodic copy, shard {shard}: ")
-        except emergency.EmergencyCopyError as e:
-            log.error("%s", e)
-            self.send(PeriodicFailed(path, str(e), step))
-            return
-        self.send(PeriodicSaved(path, step, shard, rec["sha256"], export.file_sha256(path), rec["bytes"]))
+    def _write(self, pieces: List[Tuple[str, Any, Dict[str, Any], int]], step: int) -> None:
+        for path, entries, meta, shard in pieces:
+            try:
+                rec = emergency.write(path, entries, meta, describe=f"periodic copy, shard {shard}: ")
+            except emergency.EmergencyCopyError as e:
+                log.error("%s", e)
+                self.send(PeriodicFailed(path, str(e), step))
+                return
+            self.send(PeriodicSaved(path, step, shard, rec["sha256"], export.file_sha256(path), rec["bytes"]))

@@ -1,7 +1,11 @@
 """A sharded worker's copies (parallel=zero|fsdp|hsdp): which shard it owns, whom it sends
 copies to, what it holds for peers, and the step protocol of :mod:`ckptless_hpc.state.shards`
 as the worker drives it (assign -> restore or fetch -> start_generation -> per step:
-copy_confirmed before the last collective, committed after it)."""
+copy_confirmed before the last collective, committed after it).
+
+In a job that shrank under ZeRO (``cluster.min_nodes``) a survivor also steps lost ranks' shards
+(``adopted``): each is snapshot, copied to its own holders and served like the rank's own, and
+handed back (:meth:`ShardCopies.release`) when a spare grows the job back."""
 
 from __future__ import annotations
 
@@ -28,7 +32,8 @@ class ShardCopies:
         self.replicator = Replicator(secret, float(cfg.cluster.recovery_timeout_s), on_error=self._error, on_change=wake.set)
         self.shard: Optional[int] = None
         self.gen = -1
-        self.holders: List[Tuple[str, int, str]] = []  # (host, port, worker) of this rank's copies
+        self.holders: Dict[int, List[Tuple[str, int, str]]] = {}  # shard it steps -> (host, port, worker) of its copies
+        self.live: Set[int] = set()  # the adopted shards whose live state it holds (once loaded)
         self._holds: Optional[Set[int]] = None  # shards this worker holds copies of, from the next durable step on
         self.pending: Optional[int] = None  # the step whose copy the next step's last collective waits for
         self.last_error: Optional[str] = None
@@ -47,37 +52,78 @@ class ShardCopies:
             log.warning("replication: %s (retrying until the copy is acknowledged or the generation changes)", what)
 
     # ------------------------------------------------------------------ generations
-    def assign(self, gen: int, shard: int, holders: List[Dict[str, Any]], holds: List[int]) -> None:
+    def assign(self, gen: int, shard: int, holders: List[Dict[str, Any]], holds: List[int], adopted: Optional[Dict[int, List[Dict[str, Any]]]] = None) -> None:
         """Generation ``gen``'s layout (an ``assign``): the shard this rank owns, the holders of its
-        copies (``{"worker", "host", "port"}``), the shards it holds copies of."""
+        copies (``{"worker", "host", "port"}``), the shards it holds copies of; ``adopted``: the
+        lost ranks' shards it steps too (a job that shrank, ZeRO), each with its holders."""
         self.gen = gen
         self.shard = int(shard)
-        self.holders = [(h["host"], int(h["port"]), h["worker"]) for h in holders if h.get("port") is not None]
-        if len(self.holders) != len(holders):
-            log.warning("a holder of shard %d has no state port yet: %d of %d copies this generation", self.shard, len(self.holders), len(holders))
+        self.holders = {}
+        for s, hs in [(self.shard, holders), *sorted((adopted or {}).items())]:
+            self.holders[int(s)] = [(h["host"], int(h["port"]), h["worker"]) for h in hs if h.get("port") is not None]
+            if len(self.holders[int(s)]) != len(hs):
+                log.warning("a holder of shard %d has no state port yet: %d of %d copies this generation", s, len(self.holders[int(s)]), len(hs))
+        self.live &= set(self.owned[1:])
         self._holds = {int(s) for s in holds}
         self.replicator.cancel()
+
+    @property
+    def owned(self) -> List[int]:
+        """The shards it steps: its rank's, then the adopted ones."""
+        return list(self.holders)
 
     def restore(self, engine: EngineState, target: int) -> bool:
         """Roll back to this worker's own snapshot of ``target`` if it has one."""
         assert self.shard is not None
-        copy = self.store.get(self.shard, target, self.shard)
+        copy = self.store.own_copy(self.shard, target)
         if copy is None:
             return False
         engine.apply(*copy, copy=True)
         log.info("restored shard %d at step %d from its own snapshot", self.shard, target)
         return True
 
-    def start_generation(self, engine: EngineState, step: int) -> None:
-        """The step a generation starts at counts as replicated: its snapshot (taken now if this
-        worker has none) goes to every holder that lacks it (a new placement, a fresh spare)."""
-        copy = self.store.own.get(step)
-        if copy is None:
-            copy = self._snapshot(step, engine)
-        self._send(step, copy)
+    def take_over(self, engine: EngineState, target: int, live_step: Optional[int]) -> List[int]:
+        """The adopted shards at ``target`` (ZeRO, a job that shrank): those already live at it
+        stay, the others come from this worker's own snapshots or the copies it holds; returns
+        the shards it must fetch from peers (:meth:`loaded` once in)."""
+        missing = []
+        for shard in self.owned[1:]:
+            if shard in self.live and live_step == target:
+                continue
+            copy = self.store.get(shard, target)
+            if copy is None:
+                self.live.discard(shard)
+                missing.append(shard)
+                continue
+            engine.apply(*copy, copy=True, shard=shard)
+            self.live.add(shard)
+            log.info("took over shard %d at step %d from %s", shard, target, "its own snapshot" if self.store.own_copy(shard, target) else "the copy it held")
+        return missing
 
-    def _snapshot(self, step: int, engine: EngineState) -> Copy:
-        copy = self.store.snapshot(step, *engine.collect(step))
+    def loaded(self, shard: int) -> None:
+        """The live state of adopted ``shard`` is in (fetched from a peer)."""
+        self.live.add(shard)
+
+    def release(self, shards: List[int], engine: EngineState, step: Optional[int]) -> None:
+        """Shards it no longer steps (a spare grew the job back and takes them): their state at
+        ``step`` (snapshot now if it has none) and older snapshots become held copies, served to
+        the spare and kept until the new placement is durable."""
+        for shard in shards:
+            if step is not None and shard in self.live and self.store.own_copy(shard, step) is None:
+                self._snapshot(step, engine, shard)
+            self.store.release(shard)
+            self.live.discard(shard)
+
+    def start_generation(self, engine: EngineState, step: int) -> None:
+        """The step a generation starts at counts as replicated: its snapshot of each shard it
+        steps (taken now where it has none) goes to every holder that lacks it (a new
+        placement, a fresh spare)."""
+        self.live.update(self.owned[1:])
+        copies = {shard: self.store.own_copy(shard, step) or self._snapshot(step, engine, shard) for shard in self.owned}
+        self._send(step, copies)
+
+    def _snapshot(self, step: int, engine: EngineState, shard: int) -> Copy:
+        copy = self.store.snapshot(step, *engine.collect(step, shard=shard), shard=shard)
         self.snapshots += 1
         self.snapshot_bytes += state_nbytes(copy[0])
         return copy
@@ -101,11 +147,11 @@ class ShardCopies:
             "sent_bytes": self.replicator.sent_bytes,
         }
 
-    def _send(self, step: int, copy: Copy) -> None:
-        assert self.shard is not None
+    def _send(self, step: int, copies: Dict[int, Copy]) -> None:
         self.pending = step
-        targets = [h for h in self.holders if h[2] not in self.replicator.acked(step)] if self.copies else []
-        self.replicator.send(self.gen, self.shard, step, copy, targets)
+        acked = self.replicator.acked(step)
+        pushes = [(shard, copy, [h for h in self.holders[shard] if (shard, h[2]) not in acked] if self.copies else []) for shard, copy in copies.items()]
+        self.replicator.send_all(self.gen, step, pushes)
 
     # ------------------------------------------------------------------ steps
     def copy_confirmed(self) -> bool:
@@ -121,17 +167,22 @@ class ShardCopies:
                 self.store.drop_held(self._holds)
                 self._holds = None
         if step % self.every == 0:
-            self._send(step, self._snapshot(step, engine))
+            self._send(step, {shard: self._snapshot(step, engine, shard) for shard in self.owned})
 
     # ------------------------------------------------------------------ serving
     def keep(self, gen: int, shard: int, step: int, got: Received) -> None:
         self.store.keep(shard, step, got)
 
     def get(self, shard: int, step: int) -> Optional[Copy]:
-        return self.store.get(shard, step, self.shard)
+        return self.store.get(shard, step)
+
+    def live_shards(self) -> List[int]:
+        """The shards whose live state it holds: its rank's, and the adopted ones once loaded."""
+        return [] if self.shard is None else [self.shard, *(s for s in self.owned[1:] if s in self.live)]
 
     def inventory(self, live: Optional[int]) -> Dict[int, List[int]]:
-        return self.store.inventory(self.shard, live)
+        return self.store.inventory(self.live_shards(), live)
 
     def describe(self, live: Optional[int]) -> str:
-        return f"shard {self.shard} live at step {live}, copies {self.inventory(live)}"
+        shards = ", ".join(str(s) for s in self.owned) or "none"
+        return f"shard(s) {shards} live at step {live}, copies {self.inventory(live)}"

@@ -101,8 +101,10 @@ class Steps:
         if shards is None:
             self.client.send(Done(gen, sha256, s.rank, s.step))
             return
-        # sharded: its shard, the host memory its snapshots and held copies take, its waits for acks, snapshots, bytes sent (bench B8)
-        self.client.send(Done(gen, sha256, s.rank, s.step, shard=shards.shard, copies_bytes=shards.nbytes(), copy_costs=shards.costs()))
+        # sharded: its shard (and the lost ranks' it steps in a job that shrank), the host memory its
+        # snapshots and held copies take, its waits for acks, snapshots, bytes sent (bench B8)
+        adopted = {str(v): state_sha256(*self.engine.collect(s.step, shard=v)) for v in shards.owned[1:]} or None
+        self.client.send(Done(gen, sha256, s.rank, s.step, shard=shards.shard, copies_bytes=shards.nbytes(), copy_costs=shards.costs(), adopted=adopted))
 
     def _one_step(self, gen: int) -> bool:
         """One step; False when it was refused (non-finite, train.on_nonfinite=stop)."""
@@ -121,7 +123,7 @@ class Steps:
         s.at(step + 1)
         if self.shards is not None:
             self.shards.committed(self.engine, s.step)
-        self.periodic.after_commit(s.step, 0 if s.lead else s.rank, self.shards.shard if self.shards is not None else 0, self.engine.collect)
+        self.periodic.after_commit(s.step, 0 if s.lead else s.rank, self.shards.owned if self.shards is not None else [0], self.engine.collect)
         self.groups.works(gen)  # this generation works: what the older ones left can go
         if s.lead:
             self.client.send(

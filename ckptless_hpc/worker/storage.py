@@ -53,9 +53,9 @@ class StorageCopy:
         """One shard of a sharded copy (an emergency copy, the final state; the replicated
         state is its shard 0): from a snapshot, a held copy, or the live state."""
         copy = self.shards.get(shard, step) if self.shards is not None else None
-        own = self.shards.shard if self.shards is not None else 0
-        if copy is None and shard == own and step == self.held_step():
-            copy = self.engine.collect(step)
+        live = self.shards.live_shards() if self.shards is not None else [0]
+        if copy is None and shard in live and step == self.held_step():
+            copy = self.engine.collect(step, shard=shard if self.shards is not None else None)
         if copy is None:
             held = self.shards.describe(self.standing.step) if self.shards is not None else f"it holds step {self.held_step()}"
             log.error("asked to save shard %d at step %d, which this worker does not hold (%s)", shard, step, held)

@@ -79,3 +79,30 @@ def test_a_loss_below_min_nodes_stops_the_job_as_before(job):
     s = res.summary
     assert s["status"] == "no_spare" and "fewer than cluster.min_nodes=2" in s["error"], s["error"]
     assert len(res.of("shrunk")) == 1 and s["saved_state"]["step"] in (20, 21)
+
+
+ZERO = (*ELASTIC, "parallel=zero", "replication.factor=1")
+
+
+@pytest.mark.timeout(480)
+def test_zero_shrinks_its_shards_onto_the_survivors_and_grows_back_with_the_fault_free_bits(job, baseline):
+    """parallel=zero: the survivor that trains the lost rank steps its part of the optimizer too,
+    from the copy a peer held (one loss right after its optimizer update: the consistency window);
+    a refill grows the job back, its shard fetched from that survivor; every shard ends with the
+    fault-free bits. Then, with no refill, the same loss ends on two processes with them too."""
+    slow = "fault.schedule=[{kind:slow,rank:0,step:16,duration:100}]"
+    res = job(*ZERO, "cluster.max_refills=1", "fault=kill_node", "fault.node=1", "fault.step=15", "fault.at=update", slow, env=ENV)
+    assert res.rc == 0, res.out[-4000:]
+    s = res.summary
+    fault_free = baseline(*ZERO, env=ENV)
+    assert s["status"] == "completed" and len(s["faults_fired"]) == 2, s
+    (shrunk,), (grown,) = res.of("shrunk"), res.of("grown")
+    assert shrunk["processes"] == 2 and shrunk["ranks"] == [0, 2] and grown["processes"] == 3
+    assert s["final_state_sha256"] == fault_free
+    assert s["recoveries"][0]["bytes_transferred"] > 0, "the adopted shard came from nowhere"  # node 1's copy lives on another node
+    assert s["recoveries"][1]["bytes_transferred"] > 0 and s["workers"] == "3/3"
+    stay = job(*ZERO, "fault=kill_node", "fault.node=1", "fault.step=15", env=ENV)
+    shrunk = _shrunk(stay, "local1")
+    assert stay.summary["final_state_sha256"] == fault_free
+    assert stay.summary["final"]["model"]["sha256"] == baseline.result(*ZERO, env=ENV).summary["final"]["model"]["sha256"]
+    assert stay.summary["workers"] == "2/3 (degraded)"

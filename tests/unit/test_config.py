@@ -113,7 +113,7 @@ def test_min_nodes_and_the_reduction_are_checked_and_say_what_the_job_survives()
     for overrides, needle in (
         (("cluster.nodes=3", "cluster.min_nodes=4"), "cluster.min_nodes=4: must be an integer in 1..cluster.nodes=3"),
         (("cluster.nodes=3", "cluster.min_nodes=0"), "cluster.min_nodes=0: must be an integer in 1..cluster.nodes=3"),
-        (("cluster.nodes=3", "cluster.min_nodes=2", "parallel=zero"), "parallel.mode=zero cannot shrink yet"),
+        (("cluster.nodes=3", "cluster.min_nodes=2", "parallel=hsdp", "parallel.shard_size=1"), "parallel.mode=hsdp cannot shrink yet"),
         (("cluster.nodes=3", "cluster.min_nodes=2", "parallel=fsdp"), "parallel.mode=fsdp cannot shrink yet"),
         (("cluster.nodes=3", "cluster.min_nodes=2", "train.reduction=allreduce"), "needs the fixed-order reduction"),
         (("train.reduction=ring",), "train.reduction='ring': unknown reduction. HINT: use one of auto, allreduce, fixed"),

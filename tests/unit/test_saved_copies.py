@@ -61,11 +61,11 @@ def test_a_worker_copies_the_steps_it_is_due_or_asked_for(tmp_path):
     p.ask(7)
     assert not p.due(6) and p.due(7)
     collected = []
-    p.after_commit(6, 0, 0, lambda s: collected.append(s) or ([], {"step": s}))
-    p.after_commit(7, 1, 0, lambda s: collected.append(s) or ([], {"step": s}))  # rank 1 of ddp writes nothing
+    p.after_commit(6, 0, [0], lambda s: collected.append(s) or ([], {"step": s}))
+    p.after_commit(7, 1, [0], lambda s: collected.append(s) or ([], {"step": s}))  # rank 1 of ddp writes nothing
     assert collected == []
     p.ask(9)
-    p.after_commit(9, 0, 0, lambda s: collected.append(s) or ([], {"step": s}))
+    p.after_commit(9, 0, [0], lambda s: collected.append(s) or ([], {"step": s}))
     p._writing.join(30)
     assert collected == [9] and sent and sent[-1].encode()["type"] in ("periodic_saved", "periodic_failed")
     assert not p.due(7)  # steps already passed are forgotten

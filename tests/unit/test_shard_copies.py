@@ -30,7 +30,7 @@ def _holder():
     store = ShardStore()
 
     def provide(gen, step, shard=None, part="all"):
-        copy = store.get(shard, step, own_shard=None)
+        copy = store.get(shard, step)
         if copy is None:
             raise StaleState(f"no copy of shard {shard} at {step}")
         return copy
@@ -52,7 +52,7 @@ def test_a_pushed_copy_is_verified_kept_and_served_back():
             assert time.monotonic() < deadline, "copy never acknowledged"
             woke.wait(0.5)
             woke.clear()
-        assert rep.acked(step) == {"holder"}
+        assert rep.acked(step) == {(3, "holder")}
     assert sorted(store.held[3]) == [6, 7]  # the two newest are kept
     got = fetch_state("127.0.0.1", server.port, SECRET, gen=0, step=7, timeout_s=10, shard=3)
     assert state_sha256(got.entries, got.meta) == state_sha256(*_state(7))
@@ -81,7 +81,7 @@ def test_a_holder_that_is_gone_is_retried_until_it_answers_or_the_copy_is_supers
     rep.send(0, 1, 4, own.snapshot(4, *_state(4)), [("127.0.0.1", dead_port, "gone")])
     assert retried.wait(20), errors
     assert not rep.is_confirmed(4) and errors and "gone" in errors[0]
-    rep.send(1, 1, 4, own.get(1, 4, 1), [])  # a new generation with no holders: confirmed at once
+    rep.send(1, 1, 4, own.get(0, 4), [])  # a new generation with no holders: confirmed at once
     assert rep.is_confirmed(4)
     rep.close()
 
@@ -91,14 +91,14 @@ def test_snapshots_are_copies_and_the_durable_step_keeps_what_a_rollback_needs()
     live, meta = _state(1)
     st.snapshot(1, live, meta)
     live[0][1].add_(1.0)  # the live state moves on: the snapshot must not
-    assert torch.equal(st.get(0, 1, 0)[0][0][1], _state(1)[0][0][1])
+    assert torch.equal(st.get(0, 1)[0][0][1], _state(1)[0][0][1])
     st.snapshot(2, *_state(2))
     st.snapshot(3, *_state(3))
     st.durable(2)
-    assert sorted(st.own) == [2, 3]
-    assert st.inventory(0, live=3) == {0: [2, 3]}
+    assert sorted(st.own[0]) == [2, 3]
+    assert st.inventory([0], live=3) == {0: [2, 3]}
     st.durable(5)  # the newest snapshot is always kept
-    assert sorted(st.own) == [3]
+    assert sorted(st.own[0]) == [3]
 
 
 def _cfg(**over):

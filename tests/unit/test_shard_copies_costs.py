@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(30)
 
 
 class _Engine:  # collect() is all ShardCopies asks of the engine
-    def collect(self, step):
+    def collect(self, step, shard=None):
         return [("w", torch.zeros(250)), ("b", torch.zeros(6))], {"step": step}
 
 
