@@ -141,6 +141,7 @@ class Want:
 
     def describe(self) -> str:
         what = {"all": "state", "first": "parameters", "rest": "optimizer state"}[self.part]
+        what += f" of shard {self.shard}" if self.shard is not None else ""
         return what + (f" (group {self.index + 1} of {self.of})" if self.of > 1 else "")
 
 

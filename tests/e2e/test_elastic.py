@@ -106,3 +106,18 @@ def test_zero_shrinks_its_shards_onto_the_survivors_and_grows_back_with_the_faul
     assert stay.summary["final_state_sha256"] == fault_free
     assert stay.summary["final"]["model"]["sha256"] == baseline.result(*ZERO, env=ENV).summary["final"]["model"]["sha256"]
     assert stay.summary["workers"] == "2/3 (degraded)"
+
+
+def test_zero_survives_a_second_loss_while_shrunk_from_the_copies_of_the_adopted_shards(job, baseline):
+    """min_nodes=1: node 1 is lost (rank 0's process takes rank 1 on, its shard included), then
+    node 0 with it: the last process takes ranks 0 and 1 on from the copies of both shards it held
+    (the adopted shard was copied on like any other), and ends with the fault-free bits."""
+    zero1 = tuple(o if o != "cluster.min_nodes=2" else "cluster.min_nodes=1" for o in ZERO)
+    res = job(*zero1, "fault=kill_node", "fault.node=1", "fault.step=15", "fault.schedule=[{kind:kill_node,node:0,step:40}]", env=ENV)
+    assert res.rc == 0, res.out[-4000:]
+    s = res.summary
+    assert s["status"] == "completed" and len(s["faults_fired"]) == 2, s
+    first, second = res.of("shrunk")
+    assert (first["ranks"], second["ranks"], second["processes"]) == ([0, 2], [2], 1)
+    assert s["final_state_sha256"] == baseline(*zero1, env=ENV)
+    assert s["workers"] == "1/3 (degraded)"

@@ -135,6 +135,46 @@ def test_sharded_recovery_promotes_spares_then_plans_shards():
     assert plan is None and why.startswith(LOST)
 
 
+def test_a_zero_job_that_may_shrink_gives_the_lost_ranks_shards_to_survivors_and_takes_them_back():
+    from ckptless_hpc.coordinator.planner import Elastic
+
+    ranks, node = {0: "w0", 1: "w1", 2: "w2"}, {"w0": "n0", "w1": "n1", "w2": "n2"}
+    shard_of = {0: 0, 1: 1, 2: 2}
+    # w1 lost, no spare: rank 1 goes to w0 (rundir/numbering.py), which holds no copy of shard 1: it fetches it from w2
+    inv = _inv(w0={"0": [9, 10], "2": [9, 10]}, w2={"2": [9, 10], "1": [9, 10]})
+    plan, why = plan_sharded_recovery(ranks, {"w1"}, inv, shard_of, [], set(), set(), elastic=Elastic(3, 2, node))
+    assert plan is not None, why
+    assert plan.ranks == {0: "w0", 2: "w2"} and plan.target_step == 10 and plan.sources == {} and plan.adopted == {1: ["w2"]}
+    assert "rank(s) [1] trained by the 2 processes on 2 node(s)" in why
+    # shard 1's only copy at 10 was lost with its holder: the job goes back to the step every shard is held at
+    inv = _inv(w0={"0": [9, 10], "1": [9]}, w2={"2": [9, 10]})
+    plan, why = plan_sharded_recovery(ranks, {"w1"}, inv, shard_of, [], set(), set(), elastic=Elastic(3, 2, node))
+    assert plan.target_step == 9 and plan.adopted == {}  # w0 holds the copy of shard 1 at 9 itself: nothing to fetch
+    # below min_nodes: no plan, the reason says why
+    plan, why = plan_sharded_recovery(ranks, {"w1", "w2"}, inv, shard_of, [], set(), set(), elastic=Elastic(3, 2, node))
+    assert plan is None and "fewer than cluster.min_nodes=2" in why
+    # grown back: a spare takes rank 1, its shard fetched from the survivor that stepped it
+    inv = _inv(w0={"0": [12], "1": [12]}, w2={"2": [12], "0": [12]})
+    plan, why = plan_sharded_recovery({0: "w0", 2: "w2"}, set(), inv, shard_of, [Spare("s", "n3", True)], set(), set(), elastic=Elastic(3, 2, node))
+    assert plan.ranks == {0: "w0", 1: "s", 2: "w2"} and plan.sources == {"s": ["w0"]} and plan.adopted == {}
+
+
+def test_a_shrunk_zero_layout_copies_the_adopted_shards_to_other_nodes_and_names_their_sources():
+    from ckptless_hpc.coordinator.sharding import Layout
+    from ckptless_hpc.rundir.numbering import trained_by
+
+    layout = Layout(_cfg("zero", nodes=3))
+    trainer = trained_by({0: "w0", 2: "w2"}, 3)
+    assert trainer == {0: "w0", 1: "w0", 2: "w2"}
+    layout.place({v: {"w0": "n0", "w2": "n2"}[w] for v, w in trainer.items()})
+    ends = {"w0": ("h0", 1), "w2": ("h2", 2), "w9": ("h9", 9)}
+    f0 = layout.assign_fields(0, trainer, ends, [1], {1: ["w9"]})
+    assert f0["shard"] == 0 and [h["worker"] for h in f0["holders"]] == ["w2"]
+    assert f0["adopted"] == {"1": {"holders": [{"worker": "w2", "host": "h2", "port": 2}], "sources": [{"worker": "w9", "host": "h9", "port": 9}]}}
+    f2 = layout.assign_fields(2, trainer, ends)
+    assert f2["holds"] == [0, 1] and [h["worker"] for h in f2["holders"]] == ["w0"] and "adopted" not in f2
+
+
 class _Cfg(dict):
     __getattr__ = dict.__getitem__
 
@@ -144,8 +184,8 @@ def _cfg(mode, nodes=3, wpn=1, factor=1, shard_size=None):
 
 
 class _Done:
-    def __init__(self, sha, shard=None):
-        self.sha256, self.shard = sha, shard
+    def __init__(self, sha, shard=None, adopted=None):
+        self.sha256, self.shard, self.adopted = sha, shard, adopted
 
 
 def test_layout_says_what_it_survives_and_fingerprints_the_shards():
@@ -159,6 +199,8 @@ def test_layout_says_what_it_survives_and_fingerprints_the_shards():
     assert err is None and sha
     sha2, _ = lay.final_sha({"a": _Done("x"), "b": _Done("y"), "c": _Done("q")}, {"a": 0, "b": 1, "c": 2})
     assert sha2 != sha  # any shard's bytes change the job's fingerprint
+    shrunk, _ = lay.final_sha({"a": _Done("x", shard=0, adopted={"1": "y"}), "c": _Done("z", shard=2)}, {"a": 0, "c": 2})
+    assert shrunk == sha  # a job that shrank: the survivor's adopted shard counts as rank 1's
     h = Layout(_cfg("hsdp", nodes=2, wpn=2, shard_size=2))
     sha, err = h.final_sha({"a": _Done("x"), "b": _Done("y"), "c": _Done("x"), "d": _Done("q")}, {"a": 0, "b": 1, "c": 2, "d": 3})
     assert sha is None and "diverged" in err

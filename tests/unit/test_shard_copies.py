@@ -101,6 +101,20 @@ def test_snapshots_are_copies_and_the_durable_step_keeps_what_a_rollback_needs()
     assert sorted(st.own[0]) == [3]
 
 
+def test_each_shard_a_worker_steps_has_its_snapshots_and_one_handed_back_is_served_until_dropped():
+    st = ShardStore()  # ZeRO in a job that shrank: its rank's shard 0 and lost rank 1's
+    for step in (4, 5):
+        st.snapshot(step, *_state(step), shard=0)
+        st.snapshot(step, *_state(step + 10), shard=1)
+    st.durable(5)
+    assert st.inventory([0, 1], live=5) == {0: [5], 1: [5]}
+    assert state_sha256(*st.get(1, 5)) == state_sha256(*_state(15)) != state_sha256(*st.get(0, 5))
+    st.release(1)  # a spare grew the job back and takes rank 1: served from here until the new placement is durable
+    assert st.inventory([0], live=6) == {0: [5, 6], 1: [5]} and 1 not in st.own
+    st.drop_held({0})
+    assert st.inventory([0], live=6) == {0: [5, 6]}
+
+
 def _cfg(**over):
     cfg = OmegaConf.structured(Config)
     cfg.task = {"_target_": "x"}

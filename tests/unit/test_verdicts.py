@@ -20,6 +20,8 @@ def test_the_final_state_is_written_one_file_per_shard_by_its_lowest_rank():
     rank_of = {"w3": 3, "w0": 0, "w2": 2, "w1": 1}
     assert verdicts.final_writers(rank_of, rank_of, {0: 0, 1: 1, 2: 0, 3: 1}) == {0: "w0", 1: "w1"}
     assert verdicts.final_writers(rank_of, rank_of, {}) == {0: "w0"}  # replicated: one file
+    shrunk = {"w0": 0, "w2": 2}  # ZeRO, a job that shrank: w2 steps rank 1's shard (and 3's)
+    assert verdicts.final_writers(shrunk, shrunk, {0: 0, 1: 1, 2: 2, 3: 3}, {"w2": [1, 3]}) == {0: "w0", 2: "w2", 1: "w2", 3: "w2"}
 
 
 def test_what_was_saved_is_said_plainly():
