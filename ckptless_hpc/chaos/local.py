@@ -17,7 +17,7 @@ reported. Prints one line per schedule (fired/planned) and a verdict; exits 1 if
 or corrupted state (a wrong hash, a failed or stopped job) or still had unfired faults, 2 on
 bad arguments.
 
-``elastic=1`` (ddp): the job may shrink to one node (``cluster.min_nodes=1``, the fixed-order
+``elastic=1`` (ddp, zero): the job may shrink to one node (``cluster.min_nodes=1``, the fixed-order
 reduction) and starts with no spare: a loss shrinks it, a refill grows it back (a loss that
 finds the refill built is a promotion), and the oracle is the fault-free run of the same config.
 At most ``nodes - 1`` losses are drawn, so that a schedule never leaves no node, and no
@@ -35,6 +35,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..rundir.summary import read as read_summary
+from ..config import ELASTIC_MODES
 
 #: The soak's own record in its ``out`` folder (beside one run directory per schedule).
 CHAOS_FILE = "chaos.json"
@@ -85,8 +86,8 @@ def parse_args(argv: Sequence[str]) -> Dict[str, Any]:
             )
     elif opts["kinds"]:
         raise ValueError(f"kinds={opts['kinds']!r} is for cluster=slurm. HINT: the local soak draws every kind; drop kinds=, or add cluster=slurm")
-    if opts["elastic"] and opts["parallel"] != "ddp":
-        raise ValueError(f"elastic=1 with parallel={opts['parallel']}: only ddp shrinks. HINT: parallel=ddp, or elastic=0")
+    if opts["elastic"] and opts["parallel"] not in ELASTIC_MODES:
+        raise ValueError(f"elastic=1 with parallel={opts['parallel']}: only {' and '.join(ELASTIC_MODES)} shrink. HINT: parallel=ddp or zero, or elastic=0")
     if opts["parallel"] not in PARALLEL:
         raise ValueError(f"parallel={opts['parallel']!r}: unknown mode. HINT: use one of {', '.join(PARALLEL)}")
     if opts["runs"] < 1 or opts["steps"] < 30 or opts["nodes"] < 2:

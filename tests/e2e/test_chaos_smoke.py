@@ -1,6 +1,7 @@
 """A small chaos soak in CI: random schedules against the oracle (python -m ckptless_hpc.chaos),
 with the whole state on every rank (ddp) and sharded (fsdp: copies on other nodes), and a job
-that shrinks and grows back (elastic=1: no spare, cluster.min_nodes=1)."""
+that shrinks and grows back with its optimizer shards (zero, elastic=1: no spare, cluster.min_nodes=1;
+ddp shrinking is proven case by case in test_elastic.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ckpt_testlib import REPO
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
-@pytest.mark.parametrize("parallel,runs,seed,elastic", [("ddp", 2, 11, 0), ("fsdp", 2, 4, 0), ("ddp", 2, 5, 1)])
+@pytest.mark.parametrize("parallel,runs,seed,elastic", [("ddp", 2, 11, 0), ("fsdp", 2, 4, 0), ("zero", 2, 5, 1)])
 def test_small_soak_keeps_the_oracle(tmp_path, parallel, runs, seed, elastic):
     p = subprocess.run(
         [sys.executable, "-m", "ckptless_hpc.chaos", f"runs={runs}", f"seed={seed}", f"parallel={parallel}", f"out={tmp_path}", f"elastic={elastic}"],

@@ -40,6 +40,16 @@ KILL0 = ("fault=kill_worker", "fault.rank=0", "fault.step=7")
 KILL1 = ("fault=kill_worker", "fault.rank=1", "fault.step=9")
 
 # feature -> (config, fault, tolerance: the largest difference relative to a tensor's magnitude)
+SHRUNK = (
+    *_task("BatchNormSGD"),
+    "optim.lr=0.05",
+    "cluster.nodes=3",
+    "cluster.spare_nodes=0",
+    "cluster.max_refills=0",
+    "cluster.min_nodes=2",
+    "train.grad_accum=2",
+    "train.clip_grad_norm=0.05",
+)
 CASES = {
     "ddp_adamw_builtin_schedule": (("task=mlp", "optim.warmup_steps=4"), KILL1, 1e-5),
     "grad_accum": ((*SGD, "train.grad_accum=3"), KILL0, 1e-5),
@@ -51,20 +61,9 @@ CASES = {
     "fsdp": ((*_task("BatchNormSGD"), "optim.lr=0.05", "parallel=fsdp", "train.clip_grad_norm=0.05"), KILL1, 1e-5),
     "hsdp": ((*SGD, "parallel=hsdp", "parallel.shard_size=2", "cluster.workers_per_node=2", "train.grad_accum=2"), KILL1, 1e-5),
     # no spare (and no refill to grow back with): the node of rank 0 is lost and the job goes on shrunk, two processes training three ranks
-    "shrunk_fixed_reduction": (
-        (
-            *_task("BatchNormSGD"),
-            "optim.lr=0.05",
-            "cluster.nodes=3",
-            "cluster.spare_nodes=0",
-            "cluster.max_refills=0",
-            "cluster.min_nodes=2",
-            "train.grad_accum=2",
-            "train.clip_grad_norm=0.05",
-        ),
-        ("fault=kill_node", "fault.node=0", "fault.step=7"),
-        1e-5,
-    ),
+    "shrunk_fixed_reduction": (SHRUNK, ("fault=kill_node", "fault.node=0", "fault.step=7"), 1e-5),
+    # the same with ZeRO: a survivor steps rank 0's part of the optimizer too, from the copy a peer held
+    "shrunk_zero": ((*SHRUNK, "parallel=zero", "replication.factor=1"), ("fault=kill_node", "fault.node=0", "fault.step=7"), 1e-5),
 }
 
 
@@ -98,10 +97,10 @@ def test_job_trains_what_plain_pytorch_trains(case, job):
     assert diffs[worst] <= tol, f"{case}: {worst} differs from plain PyTorch by {diffs[worst]:.3g} of its magnitude (tolerance {tol:g}); all: {diffs}"
     if case == "clip_bites":
         assert min(e["grad_norm"] for e in res.of("step")) > 0.05, "the gradient never needed clipping: the case proves nothing"
-    if parallel := next((o.split("=")[1] for o in cfg if o.startswith("parallel=")), None):
+    if any(o.startswith("parallel=") for o in cfg):
         # a sharded final state: one file per shard, and its export is its own full model
         files = s["final"]["state"]["files"]
-        assert len(files) == {"zero": 2, "fsdp": 2, "hsdp": 2}[parallel], files
+        assert len(files) == (3 if "cluster.nodes=3" in cfg else 2), files
         out = res.run_dir / "exported.pt"
         assert tools_main(["export", str(res.run_dir), "--out", str(out)], out=io.StringIO()) == 0
         exported = torch.load(out, weights_only=True)

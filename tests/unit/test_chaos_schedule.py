@@ -76,4 +76,4 @@ def test_elastic_schedules_lose_at_most_nodes_minus_one_and_never_kill_a_spare()
         faults = random_schedule(rng, 60, 3, 1, max_losses=2, kinds=ELASTIC_KINDS)
         assert 1 <= sum(f["kind"] in LOSSES for f in faults) <= 2, faults  # a loss to shrink on, never the last node
         assert all(f["kind"] != "kill_spare" for f in faults)
-    assert "only ddp shrinks" in str(pytest.raises(ValueError, parse_args, ["elastic=1", "parallel=zero"]).value)
+    assert "only ddp and zero shrink" in str(pytest.raises(ValueError, parse_args, ["elastic=1", "parallel=fsdp"]).value)
