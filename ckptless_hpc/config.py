@@ -31,6 +31,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("stop", "skip")
 PARALLEL_MODES = ("ddp", "zero", "fsdp", "hsdp")
 REDUCTIONS = ("auto", "allreduce", "fixed")
+GROW = ("allocation", "job")  # cluster.grow: where replacement nodes come from
 ELASTIC_MODES = ("ddp", "zero")  # parallel modes a job can shrink in (cluster.min_nodes < cluster.nodes)
 
 
@@ -256,6 +257,10 @@ class ClusterConfig:
     result) instead of stopping it (null: cluster.nodes, never shrink)."""
     refill_spares: bool = True
     """Launch a new spare node in the background after a promotion."""
+    grow: str = "allocation"
+    """Where replacement nodes come from (refills, and a shrunk job growing back): allocation (a
+    free node of the job's own allocation; locally a new one) | job (Slurm: when the allocation
+    has none free, a companion Slurm job of replacement nodes, whose workers join this job)."""
     max_refills: int = 4
     """At most this many spare nodes launched after start (local backend)."""
     bind_host: str = "127.0.0.1"
@@ -295,6 +300,14 @@ class ClusterConfig:
     def check(c: Any, need: Need) -> None:
         """cluster.*: the shape, the devices and collectives, the timings."""
         need(c.backend in ("local", "slurm"), "cluster.backend", c.backend, "unknown backend", "use cluster=local or cluster=slurm")
+        need(c.grow in GROW, "cluster.grow", c.grow, "unknown source of replacement nodes", f"use one of {', '.join(GROW)}")
+        need(
+            c.grow != "job" or c.backend == "slurm",
+            "cluster.grow",
+            c.grow,
+            "a companion job of replacement nodes is a Slurm job",
+            "use cluster=slurm, or cluster.grow=allocation (locally a refill is a new node anyway)",
+        )
         need(
             c.control in ("rank", "node"),
             "cluster.control",
@@ -696,9 +709,8 @@ def node_losses(cfg: Any) -> str:
     """What node losses the job goes on through: hot spares, then (``cluster.min_nodes``) shrinking."""
     c = cfg.cluster
     spares = int(c.spare_nodes)
-    refills = (
-        f" (and up to {c.max_refills} refilled)" if c.backend == "local" and c.refill_spares and c.max_refills else " (and refills from free nodes)" if c.refill_spares else ""
-    )
+    source = "free nodes, then from companion Slurm jobs" if getattr(c, "grow", "allocation") == "job" else "free nodes"
+    refills = f" (and up to {c.max_refills} refilled)" if c.backend == "local" and c.refill_spares and c.max_refills else f" (and refills from {source})" if c.refill_spares else ""
     with_spares = f"survives {spares} node loss{'es' if spares != 1 else ''} with spares{refills}"
     m, nodes = min_nodes(cfg), int(c.nodes)
     if m >= nodes:

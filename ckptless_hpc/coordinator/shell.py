@@ -27,6 +27,7 @@ from ..control import messages, wire
 from ..control.messages import Stop
 from ..control.server import Background, ControlServer, Handlers
 from ..faults import faults_from_config
+from ..slurm.commands import WAITING, SlurmCommandError
 from . import host, scheduler_log
 from .health import Health
 from .job import Complete, Finish, Inputs, JobMachine, LeaveRecovery, Options as JobOptions, Phase, SaveAndRequeue, StartTraining, StopNonfinite
@@ -43,6 +44,7 @@ from .telemetry import Telemetry
 from .wakeup import Wakeup
 
 log = logging.getLogger("ckptless_hpc.coordinator")
+COMPANION_POLL_S = 2.0  # cluster.grow=job: how often a pending companion job's state is asked
 
 
 class Coordinator:
@@ -366,13 +368,42 @@ class Coordinator:
         """Start spare nodes until ``cluster.spare_nodes`` are kept (counted in nodes). One refill
         at a time, so that one asked while another runs counts the nodes that one started."""
         async with self._refilling:
-            for _ in range(self.job.refills()):
+            wanted = self.job.refills()
+            for i in range(wanted):
                 name = await self._off_loop(self.launcher.free_node)
+                if name is None and self.cfg.cluster.grow == "job":
+                    name = await self._companion_node(wanted - i)
                 if name is None:
-                    self._emit("refill_skipped", reason="no free node left")
+                    if self.cfg.cluster.grow != "job":
+                        self._emit("refill_skipped", reason="no free node left")
                     return
                 await self._start_node(name, "spare")
                 self._emit("spare_launched", node=name)
+
+    async def _companion_node(self, wanted: int) -> Optional[str]:
+        """``cluster.grow=job``: a node of a companion Slurm job (launch/slurm.py), submitted for
+        ``wanted`` nodes unless one is pending or has nodes left, and waited for while it pends
+        (the scheduler is asked every ``COMPANION_POLL_S``); None when it ended or gave every node."""
+        try:
+            job, new = await self._off_loop(self.launcher.companion, wanted)
+        except SlurmCommandError as e:
+            self._emit("refill_skipped", reason=f"no free node left, and the companion job could not be submitted: {e}")
+            return None
+        if new:
+            self._emit("grow_job_submitted", job=job, nodes=wanted)
+        while not self.job.stopping:
+            try:
+                node, state = await self._off_loop(self.launcher.companion_node)
+            except SlurmCommandError as e:
+                log.warning("cannot read the companion job %s: %s", job, e)
+                node, state = None, "PENDING"
+            if node is not None:
+                return node
+            if state not in WAITING:
+                self._emit("refill_skipped", reason=f"no free node left, and companion job {job} is {state}")
+                return None
+            await asyncio.sleep(COMPANION_POLL_S)
+        return None
 
     def request_save(self, reason: str) -> None:
         """Thread-safe (a signal handler calls it): save once at a committed step, then requeue."""

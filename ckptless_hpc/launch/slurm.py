@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..coordinator.continuity import proc_identity
 from ..control.wire import SECRET_ENV, new_secret
 from ..slurm import commands, render
-from ..slurm.env import SlurmEnvironment
+from ..slurm.env import SERVED_JOB_ENV, SERVED_RESTARTS_ENV, SlurmEnvironment
 from ..rundir import paths
 from . import worker_argv
 from .background import CommandQueue
@@ -232,6 +232,9 @@ class SlurmLauncher:
         self._launched: Dict[str, Tuple[int, ...]] = {}  # node -> (srun pid, start ticks[, first step id])
         self._used: set = set()
         self._excluded: set = set()
+        self._job_of: Dict[str, str] = {}  # node -> the companion job holding it (cluster.grow=job); others are this job's
+        self._companion: Optional[str] = None  # the companion job replacement nodes are taken from now
+        self._companions: List[str] = []  # every companion job submitted: cancelled at shutdown
         self._waiters: List["asyncio.Task[None]"] = []
         self.requeue_by_submitit = False
         self.batch_node = env.nodename  # the coordinator's node (the batch host)
@@ -273,13 +276,49 @@ class SlurmLauncher:
                 return n
         return None
 
+    def companion(self, wanted: int) -> Tuple[str, bool]:
+        """``cluster.grow=job``, no free node left in the allocation: the companion job to take
+        replacement nodes from; a new one of ``wanted`` nodes is submitted unless one is pending
+        or has nodes left. (job id, submitted now)."""
+        if self._companion is not None:
+            return self._companion, False
+        shape = shape_from_config(self.cfg, self.run_dir)
+        never = sorted(set(self.requeue_exclusions()) | self._used)  # a replacement is another node than any this job used
+        argv = render.companion_sbatch_argv(shape, self.job_id, wanted, never, os.path.join(self.log_dir, "grow-%j.out"))
+        self._companion = commands.submit_companion(argv)
+        self._companions.append(self._companion)
+        log.info("submitted companion job %s for %d replacement node(s) of job %s (cluster.grow=job)", self._companion, wanted, self.job_id)
+        return self._companion, True
+
+    def companion_node(self) -> Tuple[Optional[str], str]:
+        """A node of the companion job that is neither used nor excluded, once it runs: (node,
+        its state); (None, state) while it is pending, or when it ended or gave every node it
+        has (it is then done with: the next :meth:`companion` submits another)."""
+        job = self._companion
+        if job is None:
+            return None, "NONE"
+        state = commands.job_state(job) or "GONE"
+        if state == "RUNNING":
+            for n in commands.live_nodes(job):
+                if n not in self._used and n not in self._excluded:
+                    self._used.add(n)
+                    self._job_of[n] = job
+                    return n, state
+            state = "USED"
+        if state not in commands.WAITING:
+            self._companion = None
+        return None, state
+
     def log_path(self, worker: str) -> str:
         return os.path.join(self.log_dir, f"{worker}.log")
 
     async def start_node(self, name: str, workers: int, coordinator: str, on_exit: ExitCallback) -> List[str]:
-        argv = node_step_argv(self.cfg, name, workers, coordinator, self.job_id, os.path.join(self.log_dir, f"{name}.%t.log"))
+        job = self._job_of.get(name, self.job_id)
+        argv = node_step_argv(self.cfg, name, workers, coordinator, job, os.path.join(self.log_dir, f"{name}.%t.log"))
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(self.cfg.train.threads))
         env[SECRET_ENV] = self.secret  # the step's environment, never its command line
+        if job != self.job_id:  # a companion job's node: its workers save and requeue this job, never their own
+            env.update({SERVED_JOB_ENV: self.job_id, SERVED_RESTARTS_ENV: str(self.requeues)})
         with open(os.path.join(self.log_dir, f"srun-{name}.log"), "ab") as out:
             proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, env=env)
         self._procs[name] = proc
@@ -312,7 +351,8 @@ class SlurmLauncher:
             except ProcessLookupError:
                 pass
         if step is not None:
-            self.commands.submit("cancel_step", partial(commands.cancel_step, self.job_id, step), job=self.job_id, node=node, slurm_step=step, worker=worker)
+            job = self._job_of.get(node, self.job_id)
+            self.commands.submit("cancel_step", partial(commands.cancel_step, job, step), job=job, node=node, slurm_step=step, worker=worker)
 
     def exclude_node(self, node: str, why: str) -> None:
         """Never placed again by this job (now); drained through Slurm when configured (queued)."""
@@ -361,6 +401,8 @@ class SlurmLauncher:
         for node, p in self._procs.items():
             if p.returncode is None:
                 self.kill_worker(f"{node}.0")
+        for job in self._companions:  # it would end by itself once this job no longer runs; now is sooner
+            self.commands.submit("cancel_job", partial(commands.cancel_job, job), job=job)
         # the queued scancel/scontrol calls: each is bounded by commands.DEFAULT_TIMEOUT_S
         await asyncio.get_running_loop().run_in_executor(None, self.commands.drain, timeout_s + commands.DEFAULT_TIMEOUT_S)
         for t in self._waiters:

@@ -104,6 +104,18 @@ def job_states(job_ids: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, 
     return render.parse_squeue_states(done.stdout)
 
 
+WAITING = ("PENDING", "CONFIGURING")  # a job that has not started yet (a companion job may still give nodes)
+
+
+def submit_companion(argv: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> str:
+    """Submit a job rendered by ``render.companion_sbatch_argv``; its id."""
+    out = run(argv, timeout_s=timeout_s, env=env).stdout.strip()
+    job_id = out.split(";")[0].strip()  # --parsable: "ID" or "ID;CLUSTER"
+    if not job_id.isdigit():
+        raise SlurmCommandError(list(argv), f"sbatch printed {out!r}, not a job id")
+    return job_id
+
+
 def cancel_job(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> None:
     run(render.scancel_argv(job_id), timeout_s=timeout_s, env=env)
 

@@ -14,6 +14,12 @@ _RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
 _TAIL_NUM_RE = re.compile(r"^(.*?)(\d+)$")
 
 
+# Set by the coordinator for the workers it starts in a companion job (cluster.grow=job): the job
+# they serve (which they save and requeue when its coordinator is gone) and its requeue count.
+SERVED_JOB_ENV = "CKPTLESS_SLURM_JOB_ID"
+SERVED_RESTARTS_ENV = "CKPTLESS_SLURM_RESTART_COUNT"
+
+
 class SlurmEnvironment:
     """Read-only view of the Slurm variables of one process.
 
@@ -34,8 +40,9 @@ class SlurmEnvironment:
 
     @property
     def job_id(self) -> str | None:
-        """``SLURM_JOB_ID`` (older Slurm: ``SLURM_JOBID``); None outside Slurm."""
-        return self._first("SLURM_JOB_ID", "SLURM_JOBID")
+        """The job this process serves: ``SLURM_JOB_ID`` (older Slurm: ``SLURM_JOBID``), or for a
+        worker started in a companion job (``cluster.grow=job``) the job it joined; None outside Slurm."""
+        return self._first(SERVED_JOB_ENV, "SLURM_JOB_ID", "SLURM_JOBID")
 
     def require_job_id(self) -> str:
         """The job id, or a ValueError that says how to get one."""
@@ -47,7 +54,7 @@ class SlurmEnvironment:
     @property
     def restart_count(self) -> int:
         """``SLURM_RESTART_COUNT``: 0 on the first run, 1, 2, ... after each requeue."""
-        return self._int("SLURM_RESTART_COUNT", default=0) or 0
+        return self._int(SERVED_RESTARTS_ENV, "SLURM_RESTART_COUNT", default=0) or 0  # a companion job's worker: the served job's
 
     @property
     def nodename(self) -> str | None:

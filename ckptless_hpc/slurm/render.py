@@ -186,6 +186,28 @@ def sbatch_parameters(shape: SlurmShape) -> dict[str, str | int | bool]:
     return params
 
 
+def companion_sbatch_argv(shape: SlurmShape, main_job_id: str, nodes: int, exclude: Sequence[str] = (), output: str | None = None) -> list[str]:
+    """``cluster.grow=job``: ``sbatch --parsable`` of a companion job of ``nodes`` replacement
+    nodes for job ``main_job_id``, of the job's own shape per node (partition, account, qos,
+    constraint, GPUs, CPUs, memory, time limit, extra options), never on ``exclude``. Its batch
+    script only holds the nodes: the job's coordinator starts worker steps in it (``srun
+    --jobid``), and it ends by itself once the main job is no longer RUNNING (requeued, ended)."""
+    main = _check_job_id(main_job_id)
+    _check_int("nodes", nodes, minimum=1)
+    params: dict[str, str | int | bool] = dict(sbatch_parameters(shape))
+    for key in ("requeue", "signal"):  # it never requeues: the main job's coordinator owns the run
+        params.pop(key, None)
+    params.update(job_name=f"{shape.job_name}-grow-{main}", nodes=nodes, ntasks_per_node=1, parsable=True)
+    params.pop("exclude", None)
+    if exclude or shape.exclude:
+        params["exclude"] = compress_nodelist(sorted(set(exclude) | set(shape.exclude)))
+    if output:
+        params["output"] = _check_log_path(output)
+    hold = f'while [ "$(squeue --noheader --jobs={main} --format=%T)" = RUNNING ]; do sleep 10; done'
+    flags = [f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')}={v}" for k, v in params.items()]  # an argv: no shell quoting
+    return ["sbatch", *flags, f"--wrap={hold}"]
+
+
 def sbatch_header(shape: SlurmShape) -> list[str]:
     """``#SBATCH`` lines for the same shape (dry-run, templates), values shell-quoted.
 

@@ -333,14 +333,18 @@ def test_no_spare_left_saves_requeues_and_resumes_without_the_bad_node(slurm_env
     assert s["faults_fired"] == [0]  # the restarted job did not fire the fault again
 
 
-def test_crashed_node_with_no_spare_shrinks_and_ends_with_the_fault_free_bits(slurm_env, tmp_path, baseline, slurm_cluster):
+def test_crashed_node_with_no_spare_shrinks_grows_back_from_a_companion_job_and_ends_with_the_fault_free_bits(slurm_env, tmp_path, baseline, slurm_cluster):
     """cluster.min_nodes: 3 worker nodes and no spare; a node crashes. The job neither stops nor
     requeues: its 2 surviving nodes train the lost rank's micro-batches too and, under ZeRO, step
-    its part of the optimizer from the copy held on another node; it ends with the hash of the
-    fault-free run of the same config (the fixed-order reduction in both). (ddp's shrink is the
-    same coordinator path with less state: tests/e2e/test_elastic.py.)"""
+    its part of the optimizer from the copy held on another node. With cluster.grow=job the
+    coordinator submits a companion Slurm job for a replacement node (the mini-cluster's fourth);
+    its worker joins and takes the rank back. The job ends with the hash of the fault-free run of
+    the same config (the fixed-order reduction in both). Rank 0 runs 3x slower for a while after
+    the crash (timing only) so that the companion's worker is there well before the end. (ddp's
+    shrink is the same coordinator path with less state: tests/e2e/test_elastic.py.)"""
     cfg = (*LM, "cluster.nodes=3", "cluster.spare_nodes=0", "cluster.min_nodes=2", "parallel=zero", "replication.factor=1")
-    job = _submit(tmp_path, *cfg)
+    slow = "fault.schedule=[{kind:slow,rank:0,step:25,duration:80,factor:3}]"
+    job = _submit(tmp_path, *cfg, "cluster.grow=job", "fault=none", slow)
     victim_node = _rank_worker(tmp_path, 2).split(".")[0]
     _past_step(tmp_path, 20)
     try:
@@ -348,9 +352,15 @@ def test_crashed_node_with_no_spare_shrinks_and_ends_with_the_fault_free_bits(sl
         s = _finished(job, tmp_path)
     finally:
         slurm_cluster.start_node(victim_node)
-    assert s["status"] == "completed" and s["workers"] == "2/3 (degraded)", s
-    (rec,) = s["recoveries"]
-    assert rec["failed_ranks"] == [2] and rec["failed_nodes"] == [victim_node] and rec["replacements"] == {}
-    (shrunk,) = [e for e in _events(tmp_path) if e["event"] == "shrunk"]
-    assert shrunk["processes"] == 2 and victim_node in s["excluded_nodes"]
+    events = _events(tmp_path)
+    assert s["status"] == "completed" and s["workers"] == "3/3", s
+    shrink, grow = s["recoveries"]
+    assert shrink["failed_ranks"] == [2] and shrink["failed_nodes"] == [victim_node] and shrink["replacements"] == {}
+    (shrunk,), (grown,) = [e for e in events if e["event"] == "shrunk"], [e for e in events if e["event"] == "grown"]
+    assert shrunk["processes"] == 2 and grown["processes"] == 3 and victim_node in s["excluded_nodes"]
+    (submitted,) = [e for e in events if e["event"] == "grow_job_submitted"]
+    (launched,) = [e for e in events if e["event"] == "spare_launched"]
+    assert grow["replacements"] == {"2": launched["node"] + ".0"} and launched["node"] != victim_node
     assert s["final_state_sha256"] == baseline(*cfg)
+    state = commands.job_state(submitted["job"])
+    assert state in (None, "COMPLETING", "COMPLETED", "CANCELLED"), f"the companion job {submitted['job']} outlived the job: {state}"

@@ -117,6 +117,8 @@ def test_min_nodes_and_the_reduction_are_checked_and_say_what_the_job_survives()
         (("cluster.nodes=3", "cluster.min_nodes=2", "parallel=fsdp"), "parallel.mode=fsdp cannot shrink yet"),
         (("cluster.nodes=3", "cluster.min_nodes=2", "train.reduction=allreduce"), "needs the fixed-order reduction"),
         (("train.reduction=ring",), "train.reduction='ring': unknown reduction. HINT: use one of auto, allreduce, fixed"),
+        (("cluster.grow=queue",), "cluster.grow='queue': unknown source of replacement nodes. HINT: use one of allocation, job"),
+        (("cluster.grow=job",), "cluster.grow='job': a companion job of replacement nodes is a Slurm job. HINT: use cluster=slurm"),
     ):
         errors = validation_errors(cfg("task=mlp", *overrides))
         assert any(needle in e and "HINT" in e for e in errors), (overrides, errors)

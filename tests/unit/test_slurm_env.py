@@ -51,6 +51,12 @@ def test_environment_outside_slurm() -> None:
         env.require_job_id()
 
 
+def test_a_worker_of_a_companion_job_serves_the_job_that_started_it() -> None:
+    """cluster.grow=job: its last resort saves and requeues the job it joined, never its own."""
+    env = SlurmEnvironment({**BATCH_ENV, "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0", "CKPTLESS_SLURM_JOB_ID": "1234", "CKPTLESS_SLURM_RESTART_COUNT": "2"})
+    assert env.job_id == env.require_job_id() == "1234" and env.restart_count == 2
+
+
 def test_environment_restart_count_unset_or_empty_is_zero() -> None:
     assert SlurmEnvironment({"SLURM_JOB_ID": "1"}).restart_count == 0
     assert SlurmEnvironment({"SLURM_JOB_ID": "1", "SLURM_RESTART_COUNT": ""}).restart_count == 0

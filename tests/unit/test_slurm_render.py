@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ckptless_hpc.slurm import render
+from ckptless_hpc.slurm.env import expand_nodelist
 from ckptless_hpc.slurm.render import SlurmShape
 
 pytestmark = pytest.mark.timeout(10)
@@ -259,3 +260,17 @@ def test_submitit_requeues_through_the_method_the_job_replaces() -> None:
     from submitit.slurm.slurm import SlurmJobEnvironment
 
     assert callable(getattr(SlurmJobEnvironment, "_requeue", None))
+
+
+def test_companion_job_has_the_jobs_shape_per_node_never_requeues_and_ends_with_the_job() -> None:
+    """cluster.grow=job: the companion's sbatch argv (no shell: values unquoted)."""
+    argv = render.companion_sbatch_argv(FULL_SHAPE, "4242", 2, exclude=["n1", "n2"], output="/scratch/runs/logs/grow-%j.out")
+    _check_golden("companion_sbatch_argv.json", _as_json(argv))
+    flags = dict(a.split("=", 1) if "=" in a else (a, True) for a in argv[1:])
+    assert flags["--nodes"] == "2" and flags["--job-name"] == "lm-350m-grow-4242" and flags["--parsable"] is True
+    assert flags["--partition"] == "gpu" and flags["--gpus-per-node"] == "8" and flags["--exclusive"] is True  # the job's shape, per node
+    assert "--requeue" not in flags and "--signal" not in flags  # the main job's coordinator owns the run
+    assert expand_nodelist(flags["--exclude"]) == ["n1", "n2", "n3", "n4", "n7"]  # the job's nodes and its site exclusions
+    assert "--jobs=4242" in flags["--wrap"] and "RUNNING" in flags["--wrap"]  # it holds its nodes only while the main job runs
+    with pytest.raises(ValueError, match="nodes"):
+        render.companion_sbatch_argv(FULL_SHAPE, "4242", 0)
