@@ -255,6 +255,11 @@ class ClusterConfig:
     """Elastic: with no spare left, a node loss shrinks the job while at least this many worker
     nodes live (the survivors also train the lost ranks' micro-batches: same global batch, same
     result) instead of stopping it (null: cluster.nodes, never shrink)."""
+    start_nodes: Optional[int] = None
+    """Elastic: start on this many of the cluster.nodes worker nodes (cluster.min_nodes..cluster.nodes;
+    null: all of them). The started ones also train the others' ranks (the same result as the whole
+    layout) until replacement nodes come (refills, cluster.grow); on Slurm the job asks for only
+    these nodes (plus spares)."""
     refill_spares: bool = True
     """Launch a new spare node in the background after a promotion."""
     grow: str = "allocation"
@@ -325,6 +330,14 @@ class ClusterConfig:
             m,
             f"must be an integer in 1..cluster.nodes={c.nodes}, or null",
             f"e.g. cluster.min_nodes={max(1, c.nodes - 1)} (shrink by one node at most); null never shrinks",
+        )
+        s = c.start_nodes
+        need(
+            s is None or (_is_int(s) and min_nodes(c) <= s <= c.nodes),
+            "cluster.start_nodes",
+            s,
+            f"must be an integer in cluster.min_nodes..cluster.nodes ({min_nodes(c)}..{c.nodes}), or null",
+            "a job that starts on fewer nodes than its layout is a shrunk job: set cluster.min_nodes to at most cluster.start_nodes, or leave cluster.start_nodes=null",
         )
         need(c.straggler_factor > 1, "cluster.straggler_factor", c.straggler_factor, "must be > 1", "e.g. cluster.straggler_factor=3")
         ClusterConfig.check_devices(c, need)
@@ -699,6 +712,13 @@ def validation_errors(cfg: Any, probes: Optional[Probes] = None) -> List[str]:
     return errors
 
 
+def start_nodes(cfg: Any) -> int:
+    """``cluster.start_nodes``, or ``cluster.nodes`` where it is null (start whole); ``cfg``: a config or its ``cluster`` section."""
+    c = cfg.cluster if hasattr(cfg, "cluster") else cfg
+    s = getattr(c, "start_nodes", None)
+    return int(s) if _is_int(s) else int(c.nodes)
+
+
 def min_nodes(cfg: Any) -> int:
     """``cluster.min_nodes``, or ``cluster.nodes`` where it is null (never shrink); ``cfg``: a config or its ``cluster`` section."""
     c = cfg.cluster if hasattr(cfg, "cluster") else cfg
@@ -715,7 +735,9 @@ def node_losses(cfg: Any) -> str:
     m, nodes = min_nodes(cfg), int(c.nodes)
     if m >= nodes:
         return f"node losses: {with_spares}; the next one stops the job (an emergency copy, then a requeue on Slurm; cluster.min_nodes shrinks instead)"
-    return f"node losses: {with_spares}, then shrinks to {m} of {nodes} nodes (train.reduction=fixed: the same bits), and grows back when a node is there again"
+    start = start_nodes(cfg)
+    begins = f"starts on {start} of {nodes} nodes (cluster.start_nodes) and grows when nodes come; " if start < nodes else ""
+    return f"{begins}node losses: {with_spares}, then shrinks to {m} of {nodes} nodes (train.reduction=fixed: the same bits), and grows back when a node is there again"
 
 
 def reduction(cfg: Any) -> str:

@@ -63,6 +63,8 @@ class Reformer:
                 keeping.append(wid)
                 continue
             shard_load = _shard_copy(load, extra.get("shard"))
+            for v, a in extra.get("adopted", {}).items():  # a requeued job that starts shrunk (cluster.start_nodes): the lost ranks' files too
+                a["load"] = _shard_copy(load, int(v))
             self.control.send(self.workers[wid], messages.assign(self.job.gen, r, world, step, sources.get(wid, ()), ends, done, shard_load, extra, lost))
         if keeping:
             self.control.broadcast(keeping, messages.assign(self.job.gen, None, world, step, (), ends, done, lost=lost))

@@ -340,8 +340,12 @@ class Coordinator:
         self.record.t_train = self.clock()
         step0 = self.resume["step"] if self.resume else 0
         self.reformer.assign(self.ranks, step0, {}, load=self.resume)
+        self.record.degraded.reformed(step0, self.record.t_train, len(self.ranks), self.job.world)
         host.settle_gc()
         self._emit("generation_started", world=self.job.world, step=step0, resumed_from=self.resume, ranks={str(r): w for r, w in self.ranks.items()})
+        if self.job.vacant:  # cluster.start_nodes: the started nodes train the others' ranks too; nodes to grow with
+            log.info("started on %d of %d ranks' processes: the others' ranks are trained by them until nodes come", len(self.ranks), self.job.world)
+            self.tasks.spawn(self._refill())
 
     def _carry_out(self, a: Any) -> None:
         """One of the recovery machine's actions (recovery.py)."""

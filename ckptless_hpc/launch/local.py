@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..coordinator.continuity import Identity, proc_identity
 from ..control.wire import SECRET_ENV
 from ..worker import zygote
+from ..config import start_nodes
 from ..rundir import paths
 from . import worker_argv
 from .base import ExitCallback
@@ -201,7 +202,7 @@ class LocalLauncher:
     def from_config(cls, cfg: Any, run_dir: str, secret: str) -> "LocalLauncher":
         c = cfg.cluster
         relay = float(c.heartbeat_interval_s) if c.control == "node" else None
-        return cls(c.nodes, c.spare_nodes, c.max_refills, c.bind_host, cfg.train.threads, paths.RunPaths(run_dir).logs, secret, relay)
+        return cls(start_nodes(c), c.spare_nodes, c.max_refills, c.bind_host, cfg.train.threads, paths.RunPaths(run_dir).logs, secret, relay)
 
     def register(self, worker: str, hello: Dict[str, Any]) -> None:
         """Nothing to note: the launcher started the process itself."""

@@ -25,6 +25,7 @@ from ..coordinator.continuity import proc_identity
 from ..control.wire import SECRET_ENV, new_secret
 from ..slurm import commands, render
 from ..slurm.env import SERVED_JOB_ENV, SERVED_RESTARTS_ENV, SlurmEnvironment
+from ..config import start_nodes
 from ..rundir import paths
 from . import worker_argv
 from .background import CommandQueue
@@ -39,7 +40,7 @@ def shape_from_config(cfg: Any, run_dir: str) -> render.SlurmShape:
     c = cfg.cluster
     return render.SlurmShape(
         job_name=cfg.job_name,
-        nodes=c.nodes,
+        nodes=start_nodes(c),  # cluster.start_nodes: the rest of the layout's nodes come later (refills, cluster.grow)
         spare_nodes=c.spare_nodes,
         tasks_per_node=1,  # the batch step runs the coordinator alone; workers get their own steps
         gpus_per_node=c.gpus_per_node,
@@ -150,10 +151,10 @@ class SlurmJob:
         context = setup_logging(self.run_dir, job_id)
         if own_signals:
             # the allocation is the shape: worker nodes from the config, the rest are spares
-            allocated = len(commands.live_nodes(job_id))
-            if allocated != cfg.cluster.nodes + cfg.cluster.spare_nodes:
-                log.info("allocation of %d node(s): %d worker node(s), %d spare(s)", allocated, cfg.cluster.nodes, max(allocated - cfg.cluster.nodes, 0))
-                cfg.cluster.spare_nodes = max(allocated - cfg.cluster.nodes, 0)
+            allocated, nodes = len(commands.live_nodes(job_id)), start_nodes(cfg)
+            if allocated != nodes + cfg.cluster.spare_nodes:
+                log.info("allocation of %d node(s): %d worker node(s), %d spare(s)", allocated, nodes, max(allocated - nodes, 0))
+                cfg.cluster.spare_nodes = max(allocated - nodes, 0)
         restart = _read_json(paths.RunPaths(self.run_dir).restart) if env.restart_count > 0 else {}
         secret = new_secret()
         launcher = SlurmLauncher(cfg, self.run_dir, job_id, env, secret)
@@ -254,12 +255,13 @@ class SlurmLauncher:
         self._excluded = set(excluded)
         live = commands.live_nodes(self.job_id)
         usable = [n for n in live if n not in self._excluded]
-        if len(usable) < c.nodes:
+        nodes = start_nodes(c)
+        if len(usable) < nodes:
             raise RuntimeError(
                 f"the allocation holds {len(usable)} usable node(s) {usable} (excluded: {sorted(self._excluded)}), "
-                f"but cluster.nodes={c.nodes}. HINT: allocate at least cluster.nodes + cluster.spare_nodes nodes"
+                f"but the job starts on {nodes} (cluster.nodes={c.nodes}, cluster.start_nodes={c.start_nodes}). HINT: allocate at least that many + cluster.spare_nodes nodes"
             )
-        active, spare = usable[: c.nodes], usable[c.nodes : c.nodes + c.spare_nodes]
+        active, spare = usable[:nodes], usable[nodes : nodes + c.spare_nodes]
         self._used.update(active + spare)
         return active, spare
 

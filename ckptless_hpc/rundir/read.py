@@ -556,7 +556,7 @@ def degraded(events: Sequence[Event]) -> Optional[Dict[str, Any]]:
 
     d = Degraded()
     for e in events:
-        if e.get("event") == "reformed" and e.get("world"):
+        if e.get("event") in ("generation_started", "reformed") and e.get("world"):
             d.reformed(int(e["step"]), float(e["time"]), len(e.get("ranks") or {}), int(e["world"]))
     if not d.spans:
         return None

@@ -321,7 +321,7 @@ class Agent:
         self.peers.drop_behind()  # a generation that never trained: the parameters alone are no state
         target = msg.step
         self.engine.take_rank(s.rank)
-        fetch: Dict[int, List[Dict[str, Any]]] = {}  # ZeRO in a job that shrank: the lost ranks' shards to fetch
+        fetch: Dict[int, Dict[str, Any]] = {}  # ZeRO in a job that shrank: the lost ranks' shards to fetch (or load)
         if self.shards is not None:
             adopted = {int(v): a for v, a in (msg.adopted or {}).items()}
             self.shards.release([v for v in self.shards.owned[1:] if v not in adopted], self.engine, s.step)
@@ -330,7 +330,7 @@ class Agent:
             live = s.step
             if s.step != target and self.shards.restore(self.engine, target):
                 s.at(target)  # rolled back to its own snapshot: the newest step every shard is held at
-            fetch = {v: adopted[v]["sources"] for v in self.shards.take_over(self.engine, target, live)}
+            fetch = {v: adopted[v] for v in self.shards.take_over(self.engine, target, live)}
         form_s = self._start_generation(msg, gen, target, group, fetch)
         if form_s is None:
             return
@@ -342,9 +342,7 @@ class Agent:
         if failed is not None:
             self._send_held(None, reason=failed)  # COLLECTIVE_ERROR + why
 
-    def _start_generation(
-        self, msg: m.Assign, gen: int, target: int, group: Tuple[int, int, Optional[List[List[int]]]], adopted: Dict[int, List[Dict[str, Any]]]
-    ) -> Optional[float]:
+    def _start_generation(self, msg: m.Assign, gen: int, target: int, group: Tuple[int, int, Optional[List[List[int]]]], adopted: Dict[int, Dict[str, Any]]) -> Optional[float]:
         """The state of ``target`` (held, loaded or fetched; ``adopted``: the lost ranks' shards to
         fetch, and from where), then the generation's group (its rank, size and who trains which
         ranks); the seconds the formation took, or None when it could not start (reported) or
@@ -355,8 +353,12 @@ class Agent:
                 self.storage.load(msg.load)
             if s.step != target:
                 self.peers.fetch(msg.sources, gen, target, timeout_s)
-            for shard, sources in adopted.items():
-                self.peers.fetch(sources, gen, target, timeout_s, adopted=shard)
+            for shard, where in adopted.items():
+                if where.get("load"):
+                    self.storage.load(where["load"], adopted=shard)
+                    self.shards.loaded(shard)
+                else:
+                    self.peers.fetch(where["sources"], gen, target, timeout_s, adopted=shard)
             s.holds_job_state = True  # loaded, fetched, or the fresh init of a job at step 0
             t0 = time.monotonic()
             self.client.send(m.Joining(gen, s.step))

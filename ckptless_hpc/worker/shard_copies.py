@@ -88,7 +88,8 @@ class ShardCopies:
         the shards it must fetch from peers (:meth:`loaded` once in)."""
         missing = []
         for shard in self.owned[1:]:
-            if shard in self.live and live_step == target:
+            if (shard in self.live or target == 0) and live_step == target:  # step 0: every part is the seeded init
+                self.live.add(shard)
                 continue
             copy = self.store.get(shard, target)
             if copy is None:

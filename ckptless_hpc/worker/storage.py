@@ -29,9 +29,10 @@ class StorageCopy:
         self.engine, self.client, self.shards, self.standing = engine, client, shards, standing
         self.held_step, self.name = held_step, name
 
-    def load(self, saved: Dict[str, Any]) -> None:
+    def load(self, saved: Dict[str, Any], adopted: Optional[int] = None) -> None:
         """Start from the emergency copy of a requeued job (the one time state comes from storage);
-        a missing or damaged copy is refused and ends the job (never loaded, never trained on)."""
+        a missing or damaged copy is refused and ends the job (never loaded, never trained on).
+        ``adopted``: a lost rank's shard this process steps (ZeRO, a job that starts shrunk)."""
         t0 = time.monotonic()
         try:
             entries, meta = emergency.read(saved["path"], saved.get("sha256"))
@@ -39,7 +40,7 @@ class StorageCopy:
             log.error("cannot resume: %s", e)
             self.client.send(LoadFailed(saved["path"], str(e)))
             raise Aborted("load") from None
-        self.engine.apply(entries, meta)
+        self.engine.apply(entries, meta, shard=adopted)
         self.standing.step = int(meta["step"])  # the log lines' step follows at the generation's first commit
         log.info("loaded the emergency copy of step %d from %s in %.2fs", self.standing.step, saved["path"], time.monotonic() - t0)
 

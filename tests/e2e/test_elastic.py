@@ -121,3 +121,21 @@ def test_zero_survives_a_second_loss_while_shrunk_from_the_copies_of_the_adopted
     assert (first["ranks"], second["ranks"], second["processes"]) == ([0, 2], [2], 1)
     assert s["final_state_sha256"] == baseline(*zero1, env=ENV)
     assert s["workers"] == "1/3 (degraded)"
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "zero"])
+def test_a_job_started_on_two_of_its_three_nodes_ends_with_the_three_node_bits(parallel, job, baseline):
+    """cluster.start_nodes=2: the job starts shrunk (the two started nodes train the third's rank
+    too, under ZeRO its optimizer shard from the seeded init), a refill grows it to three once
+    built, and it ends with the hash of the fault-free run of the whole layout."""
+    cfg = ELASTIC if parallel == "ddp" else ZERO
+    res = job(*cfg, "cluster.start_nodes=2", "cluster.max_refills=1", "fault=none", env=ENV)
+    assert res.rc == 0, res.out[-4000:]
+    s = res.summary
+    (started,) = res.of("generation_started")
+    assert sorted(int(r) for r in started["ranks"]) == [0, 1] and started["world"] == 3
+    (grown,) = res.of("grown")
+    assert grown["processes"] == 3 and s["workers"] == "3/3"
+    (span,) = s["degraded"]["spans"]
+    assert (span["from_step"], span["to_step"], span["processes"]) == (0, grown["step"], 2)
+    assert s["final_state_sha256"] == baseline(*cfg, env=ENV)

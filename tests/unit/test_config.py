@@ -117,6 +117,8 @@ def test_min_nodes_and_the_reduction_are_checked_and_say_what_the_job_survives()
         (("cluster.nodes=3", "cluster.min_nodes=2", "parallel=fsdp"), "parallel.mode=fsdp cannot shrink yet"),
         (("cluster.nodes=3", "cluster.min_nodes=2", "train.reduction=allreduce"), "needs the fixed-order reduction"),
         (("train.reduction=ring",), "train.reduction='ring': unknown reduction. HINT: use one of auto, allreduce, fixed"),
+        (("cluster.nodes=3", "cluster.start_nodes=2"), "cluster.start_nodes=2: must be an integer in cluster.min_nodes..cluster.nodes (3..3), or null"),
+        (("cluster.nodes=3", "cluster.min_nodes=2", "cluster.start_nodes=4"), "cluster.start_nodes=4: must be an integer in cluster.min_nodes..cluster.nodes (2..3)"),
         (("cluster.grow=queue",), "cluster.grow='queue': unknown source of replacement nodes. HINT: use one of allocation, job"),
         (("cluster.grow=job",), "cluster.grow='job': a companion job of replacement nodes is a Slurm job. HINT: use cluster=slurm"),
     ):
@@ -129,3 +131,6 @@ def test_min_nodes_and_the_reduction_are_checked_and_say_what_the_job_survives()
     assert reduction(cfg("task=mlp", "cluster.min_nodes=2")) == "allreduce"  # min_nodes = nodes: never shrinks
     assert "survives 1 node loss with spares (and up to 4 refilled), then shrinks to 2 of 3 nodes" in node_losses(elastic)
     assert "the next one stops the job" in node_losses(cfg("task=mlp", "cluster.spare_nodes=0", "cluster.refill_spares=false"))
+    late = cfg("task=mlp", "cluster.nodes=3", "cluster.min_nodes=2", "cluster.start_nodes=2")
+    validate(late)
+    assert node_losses(late).startswith("starts on 2 of 3 nodes (cluster.start_nodes) and grows when nodes come; node losses:")
