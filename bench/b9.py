@@ -26,6 +26,12 @@ costs in steady state, how slow a shrunk job runs, and how long a shrink takes.
   that config (``cluster.spare_nodes=1``: the promotion run's own config, and the shrink's
   ``cluster.min_nodes`` and reduction; a spare that is never used changes no bits): ``oracle``.
 
+- **grow back** (the full plan, ``b9_grow_reps``): the first shrink point with a refill allowed,
+  for ``parallel=ddp`` and ``zero``: the shrink's downtime (``recoveries[0]``) and the
+  grow-back's (``recoveries[1]``: a re-forming with nothing failed, timed from its own start; the
+  refill fetches the state, under ZeRO the lost rank's shard from the survivor that stepped it),
+  each with its bytes and net of the first step; the oracle is the fault-free run of that config.
+
 ``python -m bench --only b9`` (``--quick`` for the smoke).
 """
 
@@ -161,11 +167,7 @@ def shrink_point(bench: Any, nodes: int, min_nodes: int, promote: bool, reps: in
     slowdown = median(ratios)
 
     def phases(runs: List[Any]) -> Dict[str, float]:
-        recs = [r.summary["recoveries"][0] for r in runs]
-        out = {k: median(rec[k] for rec in recs) for k in PHASES}
-        out["recovery_s"] = median(rec["detect_s"] + rec["reconfigure_s"] + rec["transfer_s"] for rec in recs)  # net of the first step
-        out["spread"] = spread(rec["downtime_s"] for rec in recs)
-        return out
+        return _phases([r.summary["recoveries"][0] for r in runs])
 
     out: Dict[str, Any] = {
         "nodes": nodes, "min_nodes": min_nodes, "lost_node": nodes - 1, "virtual_ranks": nodes, "live_after": live,
@@ -189,12 +191,49 @@ def shrink_point(bench: Any, nodes: int, min_nodes: int, promote: bool, reps: in
     return out
 
 
+def _phases(recs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {k: median(rec[k] for rec in recs) for k in PHASES}
+    out["recovery_s"] = median(rec["detect_s"] + rec["reconfigure_s"] + rec["transfer_s"] for rec in recs)  # net of the first step
+    out["spread"] = spread(rec["downtime_s"] for rec in recs)
+    return out
+
+
+def grow_point(bench: Any, nodes: int, min_nodes: int, mode: str, reps: int) -> Dict[str, Any]:
+    """A shrink, then the grow-back onto the refill once it is built: both recoveries' downtime
+    (``recoveries[0]``, ``recoveries[1]``: the grow-back is timed from its own start), for
+    ``parallel=mode`` (zero: the survivor takes the lost shard over, the refill fetches it back)."""
+    p = bench.plan
+    base = [*task_overrides(p.b9_size), f"train.steps={p.b9_shrink_steps}", f"cluster.nodes={nodes}", f"cluster.min_nodes={min_nodes}", "train.reduction=fixed"]
+    base += [f"parallel={mode}", "cluster.spare_nodes=0"] + (["replication.factor=1"] if mode == "zero" else [])
+    fault = ["fault=kill_node", f"fault.node={nodes - 1}", f"fault.step={p.b9_fault_step}"]
+    if p.b9_grow_slow_steps:
+        fault.append(f"fault.schedule=[{{kind:slow,rank:0,step:{p.b9_fault_step + 1},duration:{p.b9_grow_slow_steps},factor:3}}]")
+    runs = bench.job(f"b9-grow-{mode}-n{nodes}", base + ["cluster.refill_spares=true", "cluster.max_refills=1"] + fault, reps)
+    for r in runs:
+        if len(r.of("shrunk")) != 1 or len(r.of("grown")) != 1 or len(r.summary.get("recoveries", [])) != 2:
+            raise BenchError(f"B9: {r.run_dir} should shrink once, then grow back once: {len(r.of('shrunk'))} shrunk, {len(r.of('grown'))} grown event(s); "
+                             "the refill may not have been built before the end (raise b9_shrink_steps or b9_grow_slow_steps)")
+    clean = bench.job(f"b9-fault-free-{mode}-n{nodes}", base + NO_REFILL)[0]
+    sha = clean.summary["final_state_sha256"]
+    return {
+        "mode": mode, "nodes": nodes, "min_nodes": min_nodes, "size": p.b9_size, "params": lm_params(p.b9_size), "reps": reps,
+        "shrink": _phases([r.summary["recoveries"][0] for r in runs]),
+        "grow": _phases([r.summary["recoveries"][1] for r in runs]),
+        "degraded_s": median(r.summary["degraded"]["seconds"] for r in runs),
+        "oracle": all(r.summary["final_state_sha256"] == sha for r in runs),
+        "run_dirs": [str(r.run_dir) for r in runs], "fault_free_run_dir": str(clean.run_dir),
+    }
+
+
 def run(bench: Any) -> Dict[str, Any]:
     p = bench.plan
-    res: Dict[str, Any] = {"overhead": overhead(bench), "shrink": []}
+    res: Dict[str, Any] = {"overhead": overhead(bench), "shrink": [], "grow": []}
     for i, (nodes, min_nodes) in enumerate(p.b9_shrinks):
         res["shrink"].append(shrink_point(bench, nodes, min_nodes, promote=i == 0, reps=p.b9_shrink_reps if i == 0 else 1))
-    res["oracle"] = all(pt["oracle"] for pt in res["shrink"])
+    if p.b9_grow_reps:
+        nodes, min_nodes = p.b9_shrinks[0]
+        res["grow"] = [grow_point(bench, nodes, min_nodes, mode, p.b9_grow_reps) for mode in p.b9_grow_modes]
+    res["oracle"] = all(pt["oracle"] for pt in res["shrink"] + res["grow"])
     return res
 
 
@@ -222,6 +261,12 @@ def table(res: Dict[str, Any]) -> str:
                 f"+ first step {s['resume_s']:.3f}) vs spare promotion {q['downtime_s']:.3f}s (detect {q['detect_s']:.3f} + reconf {q['reconfigure_s']:.3f} + transfer "
                 f"{q['transfer_s']:.3f} + first step {q['resume_s']:.3f}): x{pt['shrink_over_promotion']:.2f}; oracle {s['oracle']} / {q['oracle']}"
             )
+    for g in res.get("grow", []):
+        s, q = g["shrink"], g["grow"]
+        lines.append(
+            f"shrink then grow back, {g['mode']}, {g['nodes']} nodes: shrink {s['downtime_s']:.3f}s (net of the first step {s['recovery_s']:.3f}s, {s['bytes_transferred'] / 1e6:.1f} MB), "
+            f"grow back {q['downtime_s']:.3f}s (net {q['recovery_s']:.3f}s, {q['bytes_transferred'] / 1e6:.1f} MB to the refill), degraded {g['degraded_s']:.1f}s; oracle {g['oracle']}"
+        )
     return "\n".join(lines)
 
 
@@ -237,4 +282,5 @@ def headline(res: Any) -> Dict[str, Any]:
         "b9_degraded_vs_ideal_pct": pt.get("vs_ideal_pct"),
         "b9_shrink_downtime_s": pt["shrink"]["downtime_s"] if pt else None,
         "b9_promotion_downtime_s": pt["promotion"]["downtime_s"] if pt and "promotion" in pt else None,
+        "b9_grow_downtime_s": {g["mode"]: g["grow"]["downtime_s"] for g in res.get("grow", [])} or None if ok else None,
     }

@@ -82,6 +82,11 @@ class Plan:
     b9_shrink_reps: int = 1
     b9_skip: int = 3  # warm-up intervals left out (and before the shrink)
     b9_post_skip: int = 2  # intervals left out after the shrink's first step
+    # grow back (the first shrink point, refill allowed), for each of b9_grow_modes, b9_grow_reps
+    # times: the shrink's and the grow-back's downtime; 0 reps: not in this mode
+    b9_grow_modes: Tuple[str, ...] = ("ddp", "zero")
+    b9_grow_reps: int = 0
+    b9_grow_slow_steps: int = 0  # rank 0 3x slower for this many steps after the loss, so that the refill is built in time (a tiny model)
     notes: Dict[str, str] = field(default_factory=dict)
 
 
@@ -113,6 +118,7 @@ FULL = Plan(
     # 2 -> 1 first: on 2 cores, 3 processes before the loss already share the cores, which makes
     # the wall-time slowdown of 3 -> 2 look better than ideal; 3 -> 2 is kept as the second point
     b9_size="10M", b9_steps=14, b9_reps=3, b9_shrinks=((2, 1), (3, 2)), b9_shrink_steps=24, b9_fault_step=10, b9_shrink_reps=2,
+    b9_grow_reps=2,
 )
 
 PLANS = {"quick": QUICK, "full": FULL}

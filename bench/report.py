@@ -167,6 +167,15 @@ def b9_rows(b9: Optional[Dict[str, Any]]) -> List[List[str]]:
                 f"x{pt['shrink_over_promotion']:.2f}; oracle {'held' if s['oracle'] and q['oracle'] else 'BROKEN'}",
                 "-", "-",
             ])
+    for g in b9.get("grow", []):
+        s, q = g["shrink"], g["grow"]
+        out.append([
+            f"B9 shrink then grow back, parallel={g['mode']}, {g['nodes']} nodes",
+            f"{_reps(g['reps'])}shrink {_s(s['downtime_s'], 's', 3)}{_range(s.get('spread'))} (net of its first step {_s(s['recovery_s'], 's', 3)}, "
+            f"{s['bytes_transferred'] / 1e6:.1f} MB moved), grow back {_s(q['downtime_s'], 's', 3)}{_range(q.get('spread'))} (net {_s(q['recovery_s'], 's', 3)}, "
+            f"{q['bytes_transferred'] / 1e6:.1f} MB to the refill); degraded {g['degraded_s']:.1f} s; oracle {'held' if g['oracle'] else 'BROKEN'}",
+            "-", "-",
+        ])
     return out
 
 
