@@ -89,7 +89,8 @@ def test_zero_shrinks_its_shards_onto_the_survivors_and_grows_back_with_the_faul
     """parallel=zero: the survivor that trains the lost rank steps its part of the optimizer too,
     from the copy a peer held (one loss right after its optimizer update: the consistency window);
     a refill grows the job back, its shard fetched from that survivor; every shard ends with the
-    fault-free bits. Then, with no refill, the same loss ends on two processes with them too."""
+    fault-free bits. (A zero job that stays shrunk to its end: the next test, and
+    tests/e2e/test_plain_pytorch.py ``shrunk_zero``.)"""
     slow = "fault.schedule=[{kind:slow,rank:0,step:16,duration:100}]"
     res = job(*ZERO, "cluster.max_refills=1", "fault=kill_node", "fault.node=1", "fault.step=15", "fault.at=update", slow, env=ENV)
     assert res.rc == 0, res.out[-4000:]
@@ -101,11 +102,7 @@ def test_zero_shrinks_its_shards_onto_the_survivors_and_grows_back_with_the_faul
     assert s["final_state_sha256"] == fault_free
     assert s["recoveries"][0]["bytes_transferred"] > 0, "the adopted shard came from nowhere"  # node 1's copy lives on another node
     assert s["recoveries"][1]["bytes_transferred"] > 0 and s["workers"] == "3/3"
-    stay = job(*ZERO, "fault=kill_node", "fault.node=1", "fault.step=15", env=ENV)
-    shrunk = _shrunk(stay, "local1")
-    assert stay.summary["final_state_sha256"] == fault_free
-    assert stay.summary["final"]["model"]["sha256"] == baseline.result(*ZERO, env=ENV).summary["final"]["model"]["sha256"]
-    assert stay.summary["workers"] == "2/3 (degraded)"
+    assert s["final"]["model"]["sha256"] == baseline.result(*ZERO, env=ENV).summary["final"]["model"]["sha256"]
 
 
 def test_zero_survives_a_second_loss_while_shrunk_from_the_copies_of_the_adopted_shards(job, baseline):
@@ -123,12 +120,12 @@ def test_zero_survives_a_second_loss_while_shrunk_from_the_copies_of_the_adopted
     assert s["workers"] == "1/3 (degraded)"
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "zero"])
-def test_a_job_started_on_two_of_its_three_nodes_ends_with_the_three_node_bits(parallel, job, baseline):
-    """cluster.start_nodes=2: the job starts shrunk (the two started nodes train the third's rank
-    too, under ZeRO its optimizer shard from the seeded init), a refill grows it to three once
-    built, and it ends with the hash of the fault-free run of the whole layout."""
-    cfg = ELASTIC if parallel == "ddp" else ZERO
+def test_a_job_started_on_two_of_its_three_nodes_ends_with_the_three_node_bits(job, baseline):
+    """cluster.start_nodes=2, parallel=zero (ddp starts through the same coordinator path, with
+    less state): the job starts shrunk (the two started nodes train the third's rank too, and
+    step its optimizer shard from the seeded init), a refill grows it to three once built, and
+    it ends with the hash of the fault-free run of the whole layout."""
+    cfg = ZERO
     res = job(*cfg, "cluster.start_nodes=2", "cluster.max_refills=1", "fault=none", env=ENV)
     assert res.rc == 0, res.out[-4000:]
     s = res.summary
