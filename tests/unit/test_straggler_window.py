@@ -109,15 +109,25 @@ def test_real_cpu_noise_never_flags_a_healthy_rank():
             x += i * i
         return time.perf_counter() - t0
 
+    order = random.Random(5)
+    UNIT = 100_000  # ~8 ms here: longer than the scheduler's time slices, which then hit every rank's time alike (at 1 ms they hit one in three)
+
+    def measured(loads: dict) -> dict:
+        """Each rank's time, measured in a new order every step: real ranks run side by side, and a
+        fixed order lets the scheduler's time slices fall on the same rank step after step."""
+        ranks = list(loads)
+        order.shuffle(ranks)
+        return {r: work(loads[r]) for r in ranks}
+
     try:
         w = StragglerWindow(size=8, min_samples=6)
         flagged = []
         for step in range(60):
-            _feed(w, step, {0: work(20_000), 1: work(20_000), 2: work(20_000)})
+            _feed(w, step, measured({0: UNIT, 1: UNIT, 2: UNIT}))
             flagged.append(w.judge(RANKS, 3.0))
         assert not any(flagged), [f for f in flagged if f]
         for step in range(60, 68):
-            _feed(w, step, {0: work(20_000), 1: work(160_000), 2: work(20_000)})
+            _feed(w, step, measured({0: UNIT, 1: 8 * UNIT, 2: UNIT}))
         assert list(w.judge(RANKS, 3.0)) == [1], w.times
     finally:
         for b in burners:
