@@ -123,7 +123,9 @@ def test_crashed_node_leaves_the_job_and_srun_exits_0(submit: Callable[..., str]
         # Slurm needs ~15-20 s to mark a crashed node DOWN; then the step's srun exits 0
         _, stderr = step.communicate(timeout=60)
         assert step.returncode == 0, stderr  # gotcha: srun exit code does not show a lost node
-        assert f"Node failure on {lost}" in stderr
+        # what srun says depends on which it sees first: slurmctld's node failure, or its I/O
+        # connection to the dead slurmstepd reset (then the step times out); exit 0 either way
+        assert f"Node failure on {lost}" in stderr or ("Connection reset by peer" in stderr and "Timed out waiting for job step" in stderr), stderr
         assert commands.live_nodes(job) == [keep]
     finally:
         if step.poll() is None:
