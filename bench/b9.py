@@ -277,10 +277,11 @@ def _pp(x: Optional[float]) -> str:
 def headline(res: Any) -> Dict[str, Any]:
     ok = bool(res) and "overhead" in res and res.get("shrink")
     pt = res["shrink"][0] if ok else {}
+    grown = {g["mode"]: g["grow"]["downtime_s"] for g in res.get("grow", [])} if ok else {}  # the full plan only
     return {
         "b9_fixed_overhead_pct_4ranks": res["overhead"]["overhead_pct"] if ok else None,
         "b9_degraded_vs_ideal_pct": pt.get("vs_ideal_pct"),
         "b9_shrink_downtime_s": pt["shrink"]["downtime_s"] if pt else None,
         "b9_promotion_downtime_s": pt["promotion"]["downtime_s"] if pt and "promotion" in pt else None,
-        "b9_grow_downtime_s": {g["mode"]: g["grow"]["downtime_s"] for g in res.get("grow", [])} or None if ok else None,
+        **{f"b9_grow_downtime_s_{mode}": grown.get(mode) for mode in ("ddp", "zero")},
     }
