@@ -76,6 +76,8 @@ class Communicator:
     def __init__(self, pg: Any, gen: int, rank: int, world: int, backend: str = "gloo", holders: Optional[List[List[int]]] = None) -> None:
         self.pg, self.gen, self.rank, self.world, self.backend = pg, gen, rank, world, backend
         self.holders = holders
+        # virtual rank -> the process that trains it (a job that shrank): built once, asked per owner each step (ZeRO)
+        self._process = {v: p for p, vs in enumerate(holders) for v in vs} if holders is not None else None
         self.aborted = False
 
     @property
@@ -85,9 +87,7 @@ class Communicator:
 
     def process_of(self, vrank: int) -> int:
         """The rank in this generation's group of the process that trains virtual rank ``vrank``."""
-        if self.holders is None:
-            return vrank
-        return next(p for p, vs in enumerate(self.holders) if vrank in vs)
+        return vrank if self._process is None else self._process[vrank]
 
     @classmethod
     def form(

@@ -163,13 +163,12 @@ class Engine:
     def build_scheduler(self, optimizer: Optional[torch.optim.Optimizer] = None) -> Any:
         return _build_scheduler(self.task, optimizer or self.optimizer, self.cfg)
 
-    def hold(self, ranks: Sequence[int]) -> List[int]:
+    def hold(self, ranks: Sequence[int]) -> None:
         """The ranks this process trains (its own; in a job that shrank, lost ones too). ZeRO
-        steps their parts of the optimizer (train/zero.py): returns the ones adopted now, whose
-        state is loaded next (:meth:`apply` with their ``shard``); a part handed back goes."""
-        if self.zero is None:
-            return []
-        return self.zero.hold(ranks, self.build_scheduler)
+        steps their parts of the optimizer (train/zero.py): a part adopted now is built fresh and
+        its state loaded next (:meth:`apply` with its ``shard``); a part handed back goes."""
+        if self.zero is not None:
+            self.zero.hold(ranks, self.build_scheduler)
 
     def shards(self) -> List[int]:
         """The shards whose state this process holds live: its rank's, and under ZeRO the lost
@@ -506,15 +505,6 @@ class Engine:
         """Load a state (a shard, in a sharded mode) into this rank. The optimizer keeps the
         tensors it is given: ``copy`` for buffers the caller reuses (a snapshot). ``shard``: a
         lost rank's (ZeRO, a job that shrank: :meth:`hold`), at the step of this rank's own."""
-        if shard is not None and self.zero is not None and shard != self.zero.rank:
-            part = self.zero.part(shard)
-            if copy:
-                entries = [(n, t.clone()) for n, t in entries]
-            apply_state(self.model, part.optimizer, self.task, entries, meta, model_keys=part.model_keys)
-            if part.scheduler is not None and meta.get("scheduler") is not None:
-                part.scheduler.load_state_dict(meta["scheduler"])
-            self.zero.stale = True
-            return
         if self.fsdp is not None:  # copied in place: nothing is aliased
             self.fsdp.apply(entries, meta)
             if self.fsdp.binding is None:  # all of it once sharded, at its first bind
@@ -522,8 +512,13 @@ class Engine:
         else:
             if copy:
                 entries = [(n, t.clone()) for n, t in entries]
-            keys = self.zero.own.model_keys if self.zero is not None else None
-            apply_state(self.model, self.optimizer, self.task, entries, meta, model_keys=keys)
+            part = self.zero.part(shard) if self.zero is not None else None
+            apply_state(self.model, part.optimizer if part else self.optimizer, self.task, entries, meta, model_keys=part.model_keys if part else None)
+            if part is not None and part is not self.zero.own:  # a lost rank's part: its own scheduler; the rest is this rank's
+                if part.scheduler is not None and meta.get("scheduler") is not None:
+                    part.scheduler.load_state_dict(meta["scheduler"])
+                self.zero.stale = True
+                return
         self.apply_meta(meta)
         self.state_step = int(meta["step"])
 

@@ -91,18 +91,16 @@ class ZeroPartition:
         optimizer = type(full)(groups, **{k: v for k, v in full.defaults.items() if k in accepted})
         return Part(optimizer, {n for n, _ in self._owned[rank]} | self._buffers)
 
-    def hold(self, ranks: Sequence[int], scheduler: Callable[[torch.optim.Optimizer], Any]) -> List[int]:
+    def hold(self, ranks: Sequence[int], scheduler: Callable[[torch.optim.Optimizer], Any]) -> None:
         """Step the parts of ``ranks`` (the own rank's always): a lost rank's part is built fresh
-        (its state is loaded next), a rank handed back (a job that grew back) is let go. Returns
-        the ranks adopted now."""
+        (its state is loaded next), a rank handed back (a job that grew back) is let go."""
         for r in [r for r in self.adopted if r not in ranks]:
             del self.adopted[r]
-        new = [r for r in ranks if r != self.rank and r not in self.adopted]
-        for r in new:
-            part = self._part(r)
-            part.scheduler = scheduler(part.optimizer)
-            self.adopted[r] = part
-        return new
+        for r in ranks:
+            if r != self.rank and r not in self.adopted:
+                part = self._part(r)
+                part.scheduler = scheduler(part.optimizer)
+                self.adopted[r] = part
 
     def part(self, rank: Optional[int]) -> Part:
         """The part of ``rank`` this process steps (None: its own)."""
@@ -120,9 +118,8 @@ class ZeroPartition:
         owner's part); :meth:`land_sync` after the wait."""
         self._flats = []
         futures = []
-        mine = {self.rank, *self.adopted}
         for owner, params in self._sends:
-            if owner in mine:
+            if owner == self.rank or owner in self.adopted:
                 flat = torch.cat([p.detach().reshape(-1) for p in params])
             else:
                 flat = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
@@ -131,10 +128,9 @@ class ZeroPartition:
         return futures
 
     def land_sync(self) -> None:
-        mine = {self.rank, *self.adopted}
         with torch.no_grad():
             for (owner, params), flat in zip(self._sends, self._flats):
-                if owner in mine:
+                if owner == self.rank or owner in self.adopted:
                     continue
                 off = 0
                 for p in params:

@@ -92,6 +92,19 @@ def _train_two_ranks(make_task, cfg, holders=None):
     return engines, results
 
 
+def _like_plain(case, got, want) -> None:
+    """The engine's model within 1e-5 (relative) of the plain PyTorch loop's."""
+    diffs = plain_loop.max_differences(got, want)
+    worst = max(diffs, key=diffs.get)
+    assert diffs[worst] <= 1e-5, f"{case}: {worst} differs from plain PyTorch by {diffs[worst]:.3g} of its magnitude; all: {diffs}"
+
+
+def _clip_bit(case, results) -> None:
+    """A clipping case proves something only if the gradient needed clipping."""
+    if "clip" in case:
+        assert min(r.grad_norm for r in results) > 0.05, "the gradient never needed clipping: the case proves nothing"
+
+
 CASES = {
     "adamw_builtin_schedule": (lambda: T.MLPTask(), "ddp", {}),
     "grad_accum_sgd_groups": (lambda: T.SGDGroupsMLP(), "ddp", dict(grad_accum=3)),
@@ -116,13 +129,10 @@ def test_two_ranks_train_what_plain_pytorch_trains(case):
         got = engines[0].model.state_dict()
         rank1 = engines[1].model.state_dict()
         assert all(torch.equal(got[k], rank1[k]) for k in got), "the replicas differ (buffers: rank 0's must be everyone's)"
-    diffs = plain_loop.max_differences(got, want)
-    worst = max(diffs, key=diffs.get)
-    assert diffs[worst] <= 1e-5, f"{case}: {worst} differs from plain PyTorch by {diffs[worst]:.3g} of its magnitude; all: {diffs}"
+    _like_plain(case, got, want)
     losses = [[r.loss for r in rs] for rs in results]
     assert losses[0] == losses[1]  # the loss is the global mean, the same on both ranks
-    if "clip" in case:
-        assert min(r.grad_norm for r in results[0]) > 0.05, "the gradient never needed clipping: the case proves nothing"
+    _clip_bit(case, results[0])
 
 
 FIXED_CASES = {
@@ -152,14 +162,11 @@ def test_fixed_reduction_trains_what_plain_pytorch_trains_and_the_same_bits_on_a
             assert all(torch.equal(got[k], v) for k, v in e.model.state_dict().items()), f"{layout}: the replicas differ"
         if first is None:
             first = (got, [r.loss for r in results[0]])
-            diffs = plain_loop.max_differences(got, want)
-            worst = max(diffs, key=diffs.get)
-            assert diffs[worst] <= 1e-5, f"{case}: {worst} differs from plain PyTorch by {diffs[worst]:.3g} of its magnitude; all: {diffs}"
+            _like_plain(case, got, want)
         else:
             assert all(torch.equal(first[0][k], v) for k, v in got.items()), f"{case}: layout {layout} trained other bits than {LAYOUTS[0]}"
             assert [r.loss for r in results[0]] == first[1], f"{case}: layout {layout}: other losses"
-    if "clip" in case:
-        assert min(r.grad_norm for r in results[0]) > 0.05, "the gradient never needed clipping: the case proves nothing"
+    _clip_bit(case, results[0])
 
 
 ZERO_FIXED_CASES = {
@@ -188,11 +195,8 @@ def test_zero_fixed_reduction_trains_what_plain_pytorch_trains_and_each_shard_th
         got = {k: holder[v].model.state_dict()[k] for v in holder for k in holder[v].zero.part(v).model_keys}
         if first is None:
             first = (shas, [r.loss for r in results[0]])
-            diffs = plain_loop.max_differences(got, want)
-            worst = max(diffs, key=diffs.get)
-            assert diffs[worst] <= 1e-5, f"{case}: {worst} differs from plain PyTorch by {diffs[worst]:.3g} of its magnitude; all: {diffs}"
+            _like_plain(case, got, want)
         else:
             assert shas == first[0], f"{case}: layout {layout} holds other shards than {LAYOUTS[0]}"
             assert [r.loss for r in results[0]] == first[1], f"{case}: layout {layout}: other losses"
-    if "clip" in case:
-        assert min(r.grad_norm for r in results[0]) > 0.05, "the gradient never needed clipping: the case proves nothing"
+    _clip_bit(case, results[0])
