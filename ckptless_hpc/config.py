@@ -30,6 +30,8 @@ COMMS = ("auto", "gloo", "nccl")  # cluster.comm
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("stop", "skip")
 PARALLEL_MODES = ("ddp", "zero", "fsdp", "hsdp")
+MP_DTYPES = ("bf16", "fp16", "fp32")
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # train.compile_backend  # parallel.param_dtype / reduce_dtype (FSDP2's MixedPrecisionPolicy)
 REDUCTIONS = ("auto", "allreduce", "fixed")
 GROW = ("allocation", "job")  # cluster.grow: where replacement nodes come from
 ELASTIC_MODES = ("ddp", "zero")  # parallel modes a job can shrink in (cluster.min_nodes < cluster.nodes)
@@ -142,6 +144,12 @@ class TrainConfig:
     """Evaluate every N steps and at the end (the task's evaluate(); 0: never)."""
     eval_batches: int = 8
     """Validation batches per evaluation, spread over the ranks (a multiple of the world size wastes none)."""
+    compile: bool = False
+    """torch.compile the model (ddp, zero, fsdp): the task's loss and evaluate run the compiled module; the state keeps the model's own names."""
+    compile_backend: str = "inductor"
+    """train.compile's backend: inductor (generated kernels) | aot_eager (traced, no code generation: fast to start) | eager."""
+    stall_timeout_s: Optional[float] = None
+    """End the job when it commits no step for this long while it trains (null: 50 x the median step time, at least 120 s)."""
 
     @staticmethod
     def check(t: Any, need: Need, shape: Shape) -> None:
@@ -197,6 +205,16 @@ class TrainConfig:
         )
         need(t.save_every_s >= 0, "train.save_every_s", t.save_every_s, "must be >= 0", "e.g. train.save_every_s=1800 (seconds); 0 writes no timed copy")
         need(_is_int(t.keep_saved) and t.keep_saved >= 1, "train.keep_saved", t.keep_saved, "must be an integer >= 1", "e.g. train.keep_saved=2 (the newest copies kept)")
+        backend = getattr(t, "compile_backend", "inductor")
+        need(backend in COMPILE_BACKENDS, "train.compile_backend", backend, "unknown backend", f"use one of {', '.join(COMPILE_BACKENDS)}")
+        stall = getattr(t, "stall_timeout_s", None)
+        need(
+            stall is None or (isinstance(stall, (int, float)) and not isinstance(stall, bool) and stall > 0),
+            "train.stall_timeout_s",
+            stall,
+            "must be > 0 or null",
+            "e.g. train.stall_timeout_s=1800; null ends a job that commits no step for 50 x its median step time (at least 120 s)",
+        )
         need(_is_int(t.eval_every) and t.eval_every >= 0, "train.eval_every", t.eval_every, "must be an integer >= 0", "e.g. train.eval_every=100; 0 turns evaluation off")
         need(
             _is_int(t.eval_batches) and t.eval_batches >= 1,
@@ -453,6 +471,10 @@ class ParallelConfig:
     shard group of shard_size ranks, replicated across groups placed on different nodes."""
     shard_size: Optional[int] = None
     """hsdp: ranks per shard group (world must be a multiple)."""
+    param_dtype: Optional[str] = None
+    """fsdp|hsdp: FSDP2's MixedPrecisionPolicy param_dtype, the dtype parameters are gathered and computed in (null: theirs; bf16 | fp16 | fp32)."""
+    reduce_dtype: Optional[str] = None
+    """fsdp|hsdp: MixedPrecisionPolicy reduce_dtype, the dtype gradients are reduced in (null: param_dtype's; bf16 | fp16 | fp32)."""
 
     @staticmethod
     def check(cfg: Any, need: Need, shape: Shape, probes: "Probes") -> None:
@@ -481,6 +503,16 @@ class ParallelConfig:
                 t.reduction,
                 f"cluster.min_nodes={c.min_nodes} < cluster.nodes={c.nodes} needs the fixed-order reduction: gloo's and NCCL's all-reduce add in an order that depends on the number of processes, so a shrunk job would drift from the fault-free one",
                 "set train.reduction=fixed (or auto)",
+            )
+        for name in ("param_dtype", "reduce_dtype"):
+            v = getattr(p, name, None)
+            need(v is None or v in MP_DTYPES, f"parallel.{name}", v, "unknown dtype", f"use one of {', '.join(MP_DTYPES)}, or null")
+            need(
+                v is None or p.mode in ("fsdp", "hsdp"),
+                f"parallel.{name}",
+                v,
+                f"FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not {p.mode}",
+                "use train.precision=bf16 (autocast) with ddp or zero, or parallel=fsdp",
             )
         if p.mode == "ddp":
             return

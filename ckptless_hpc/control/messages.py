@@ -320,6 +320,16 @@ class StartupError(_Message):
 
 
 @dataclass(frozen=True)
+class WorkerFailed(_Message):
+    """A worker's own error while it trains (a bug, a model its mode cannot carry): the job's
+    error, never a lost worker to recover (a replacement would hit it again)."""
+
+    TYPE: ClassVar[str] = "worker_failed"
+    traceback: str = ""
+    during: str = ""  # rank, generation, step and the message it was handling
+
+
+@dataclass(frozen=True)
 class Probe(_Message):
     """A dropped worker asking whether the coordinator is alive (worker/last_resort.py): it
     proves it knows the secret, says why it came and leaves (logged as a rejected connection)."""
@@ -689,6 +699,7 @@ Message = Union[
     LoadFailed,
     NonFinite,
     StartupError,
+    WorkerFailed,
     Exported,
     ExportFailed,
     PeriodicSaved,

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..faults import KILLS, spare_fault_due
 from .membership import RECOVER, Membership, loss_kind
+from .stall import StallWatch
 from .recovery import GiveUp, NewGeneration, Options as RecoveryOptions, RecoveryMachine, Reformed
 from .verdicts import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, startup_timeout
 
@@ -87,10 +88,11 @@ class Options:
     refill_spares: bool
     spare_nodes: int
     recovery: RecoveryOptions
+    stall_timeout_s: Optional[float] = None  # train.stall_timeout_s (null: from the step time, stall.py)
 
     @classmethod
-    def from_cluster(cls, c: Any) -> "Options":
-        return cls(float(c.startup_timeout_s), bool(c.refill_spares), int(c.spare_nodes), RecoveryOptions.from_cluster(c))
+    def from_cluster(cls, c: Any, stall_timeout_s: Optional[float] = None) -> "Options":
+        return cls(float(c.startup_timeout_s), bool(c.refill_spares), int(c.spare_nodes), RecoveryOptions.from_cluster(c), stall_timeout_s)
 
 
 class JobMachine:
@@ -110,6 +112,7 @@ class JobMachine:
         self.fault_times: List[float] = []  # kills fired: a recovery's t_fail
         self._injected: Set[int] = set()
         self.doomed: Set[str] = set()  # spares told to fire a fault: never promoted (their death may land late)
+        self.stall = StallWatch(opts.stall_timeout_s)  # a job that commits no step while it trains
 
     @property
     def stopping(self) -> bool:
@@ -140,7 +143,7 @@ class JobMachine:
     def advance(self, now: float, inputs: Inputs = Inputs()) -> Tuple[List[Any], str]:
         """What to do now and why. [] with a reason when nothing is to be done yet."""
         if self.phase is Phase.STARTING:
-            return self._starting(inputs)
+            return self._starting(now, inputs)
         if self.phase is Phase.TRAINING:
             return self._training(now)
         if self.phase is Phase.RECOVERING:
@@ -151,13 +154,14 @@ class JobMachine:
         self.phase = Phase.ENDED
         return [Finish(code, status, error)]
 
-    def _starting(self, inputs: Inputs) -> Tuple[List[Any], str]:
+    def _starting(self, now: float, inputs: Inputs) -> Tuple[List[Any], str]:
         if self.cancel_requested:
             return self._end(EXIT_CANCELLED, "cancelled", self.cancel_requested), "cancel requested during start-up"
         if self.fatal or not inputs.built:
             self.fatal = self.fatal or startup_timeout(list(inputs.missing), self.opts.startup_timeout_s)
             return self._end(EXIT_STARTUP, "startup_failed", self.fatal), "start-up failed"
         self.gen, self.phase = 0, Phase.TRAINING
+        self.stall.start(now)
         return [StartTraining()], "every starter is built"
 
     def _training(self, now: float) -> Tuple[List[Any], str]:
@@ -165,6 +169,10 @@ class JobMachine:
             return self._end(EXIT_CANCELLED, "cancelled", self.cancel_requested), "cancel requested"
         if self.fatal:
             return self._end(EXIT_FAILED, "failed", self.fatal), "fatal error"
+        stalled = None if (self.pending or self.all_done()) else self.stall.overdue(now)
+        if stalled:
+            self.fatal = stalled
+            return self._end(EXIT_FAILED, "stalled", stalled), "no step committed (train.stall_timeout_s)"
         if self.nonfinite and not self.pending:
             self.phase = Phase.SAVING
             return [StopNonfinite(self.nonfinite)], "a non-finite step (train.on_nonfinite)"
@@ -185,6 +193,8 @@ class JobMachine:
     def _recovering(self, now: float, timed_out: bool) -> Tuple[List[Any], str]:
         if self.cancel_requested:  # a cancel never waits for the recovery (it may be stuck on a peer that never answers)
             return self._leave(self._end(EXIT_CANCELLED, "cancelled", self.cancel_requested)), "cancel requested during a recovery"
+        if self.fatal:  # a worker's own error (worker_failed): no recovery can cure it
+            return self._leave(self._end(EXIT_FAILED, "failed", self.fatal)), "fatal error during a recovery"
         m = self.recovery
         failures, self.pending = self.pending, {}
         out: List[Any] = []
@@ -195,6 +205,7 @@ class JobMachine:
             out.append(a)
             if isinstance(a, Reformed):
                 self.phase = Phase.TRAINING
+                self.stall.start(now)
                 return self._leave(out), "re-formed"
         return out, f"recovering ({m.phase})"
 

@@ -34,6 +34,7 @@ from ..control.messages import (
     SaveFailed,
     StartupError,
     TransferFailed,
+    WorkerFailed,
 )
 from .membership import WorkerRec
 
@@ -143,6 +144,7 @@ class Reader:
 
     def _metrics(self, rec: WorkerRec, m: Metrics) -> None:
         now = self.record.clock()
+        self.job.stall.committed(m.step, now, m.step_s)
         back = self.telemetry.step(m, now)
         extra = {"metrics": m.metrics} if m.metrics else {}
         self.emit("step", rec, step=m.step, loss=m.loss, lr=m.lr, grad_norm=m.grad_norm, step_s=m.step_s, skipped=m.skipped, at=now, **extra)
@@ -203,3 +205,5 @@ class Reader:
                 self.emit("nonfinite", rec, step=m.step, loss=m.loss, grad_norm=m.grad_norm)
         elif isinstance(m, StartupError):
             self.job.fatal = f"worker {rec.wid} on node {rec.node} failed at start-up:\n{m.traceback.rstrip()}"
+        elif isinstance(m, WorkerFailed):
+            self.job.fail(f"worker {rec.wid} on node {rec.node} ({m.during}) failed:\n{m.traceback.rstrip()}")

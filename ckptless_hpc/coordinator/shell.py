@@ -81,7 +81,7 @@ class Coordinator:
     def from_config(cls, cfg: Any, run_dir: str, launcher: Any, secret: str, job_id: str, clock: Callable[[], float] = time.time) -> "Coordinator":
         c = cfg.cluster
         layout = Layout(cfg)
-        job = JobMachine(Membership(c.workers_per_node), layout, Shape.of(cfg).world, JobOptions.from_cluster(c), faults_from_config(cfg))
+        job = JobMachine(Membership(c.workers_per_node), layout, Shape.of(cfg).world, JobOptions.from_cluster(c, cfg.train.get("stall_timeout_s")), faults_from_config(cfg))
         record = RunRecord.from_config(cfg, run_dir, job_id, clock, layout.shards, layout.mode)
         health = Health.from_cluster(c, clock())
         control = ControlServer(job.members.workers, secret, clock, health.stalls, health.straggling, health.hb_delay)
@@ -306,7 +306,8 @@ class Coordinator:
         """Until the job machine has something to decide; True when a recovery's deadline passed."""
         job = self.job
         if job.phase is not Phase.RECOVERING:
-            await self._until(job.attention, None)
+            deadline = job.stall.deadline() if job.phase is Phase.TRAINING else None  # a stall wakes no one: its deadline does
+            await self._until(job.attention, None if deadline is None else max(0.0, deadline - self.clock()))
             return False
         if job.recovery_settled():
             return False

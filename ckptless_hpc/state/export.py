@@ -3,17 +3,19 @@
 A saved state is one file (``parallel=ddp``: every rank holds it all) or one file per shard
 (``zero``, ``fsdp``, ``hsdp``), each in the format of :mod:`.emergency`. The model's part of it:
 
-- ``ddp`` and ``zero``: ``model.<key>`` entries, keys of the model's ``state_dict()``; ZeRO's
-  shards hold disjoint sets of parameters and the same buffers;
-- ``fsdp`` and ``hsdp``: ``param/<fqn>``, each parameter's dim-0 shard (FSDP2's ``Shard(0)``:
+- ``ddp`` and ``zero``: ``model.<name>`` entries, the model's tensors by name (the job's view,
+  :mod:`.views`: a tie once, non-persistent buffers too); ZeRO's shards hold disjoint sets of
+  parameters and the same buffers;
+- ``fsdp`` and ``hsdp``: ``param/<name>``, each parameter's dim-0 shard (FSDP2's ``Shard(0)``:
   the shards of one shard group, in shard order, concatenate to the whole tensor), and
-  ``buffer/<fqn>``, each buffer whole (the same on every rank).
+  ``buffer/<name>``, each buffer whole (the same on every rank).
 
-:func:`full_model` joins them into the model's full ``state_dict()``, loadable with
-``model.load_state_dict(...)`` into the task's ``build_model()``. A key map (``state_dict`` key ->
-entry name, from :func:`key_map` of the live model) gives exactly the model's keys, tied
-parameters and non-persistent buffers included; without one (an emergency copy), the keys are
-derived from the entry names. The final state's ``index.json`` carries its key map.
+:func:`full_model` joins them into the model's whole tensors (:func:`job_view`) and presents
+them as the model's own ``state_dict()`` (the user's view: tied aliases equal to their tensor,
+no non-persistent buffer, keys a ``state_dict`` hook makes made by a fresh model), loadable with
+``model.load_state_dict(...)`` into the task's ``build_model()``. Every state carries the map
+between the two views (``meta["user_view"]``); a copy written before it existed is read with its
+index's key map, or the keys its entry names give.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -29,6 +31,7 @@ from ..rundir.paths import FINAL, INDEX, SHARD_FILE, STATE, RunPaths, step_of_fo
 from ..rundir.record import fsync_dir, remove_quietly, write_failure
 from . import emergency
 from .snapshot import state_sha256
+from .views import UserView, present
 
 
 class ExportError(Exception):
@@ -36,36 +39,54 @@ class ExportError(Exception):
     the path and what to do."""
 
 
-def key_map(model: torch.nn.Module, sharded_params: bool) -> Dict[str, str]:
-    """``state_dict`` key -> the entry that holds it, for this model (``sharded_params``: the
-    FSDP2 naming ``param/`` and ``buffer/``; otherwise ``model.<key>``). A tied parameter maps to
-    the entry of its first name, as ``named_parameters`` gives it."""
-    sd = model.state_dict(keep_vars=True)
-    if not sharded_params:
-        return {k: f"model.{k}" for k in sd}
-    first = {id(p): n for n, p in model.named_parameters()}
-    return {k: f"param/{first[id(v)]}" if id(v) in first else f"buffer/{k}" for k, v in sd.items()}
-
-
-def full_model(shards: Sequence[Tuple[List[Tuple[str, torch.Tensor]], Dict[str, Any]]], keys: Optional[Mapping[str, str]] = None) -> Dict[str, torch.Tensor]:
-    """The model's full state dict from the entries of every shard, in shard order."""
+def job_view(shards: Sequence[Tuple[List[Tuple[str, torch.Tensor]], Dict[str, Any]]]) -> Dict[str, torch.Tensor]:
+    """The model's whole tensors (name -> tensor, the job's view: state/views.py) from the entries
+    of every shard, in shard order: ``model.<name>`` whole (the first shard's where several hold
+    it), ``param/<name>`` dim-0 shards concatenated, ``buffer/<name>`` whole."""
     whole: Dict[str, torch.Tensor] = {}
     parts: Dict[str, List[torch.Tensor]] = {}
     for entries, _ in shards:
         for name, t in entries:
             if name.startswith("param/"):
-                parts.setdefault(name, []).append(t)
-            elif name.startswith(("model.", "buffer/")):
-                whole.setdefault(name, t)
+                parts.setdefault(name[len("param/") :], []).append(t)
+            elif name.startswith("model."):
+                whole.setdefault(name[len("model.") :], t)
+            elif name.startswith("buffer/"):
+                whole.setdefault(name[len("buffer/") :], t)
     whole.update({n: torch.cat(ps) if len(ps) > 1 and ps[0].dim() > 0 else ps[0] for n, ps in parts.items()})
-    if keys is None:
-        keys = {n.split(".", 1)[1] if n.startswith("model.") else n.split("/", 1)[1]: n for n in whole}
-    missing = sorted(k for k, n in keys.items() if n not in whole)
+    return whole
+
+
+def full_model(
+    shards: Sequence[Tuple[List[Tuple[str, torch.Tensor]], Dict[str, Any]]],
+    legacy_keys: Optional[Mapping[str, str]] = None,
+    view: Optional[UserView] = None,
+    build_model: Optional[Callable[[], torch.nn.Module]] = None,
+) -> Dict[str, torch.Tensor]:
+    """The model's full ``state_dict()`` (the user's view) from the entries of every shard, in
+    shard order. The view is the one the state carries (``meta["user_view"]``) or ``view``; a
+    model whose ``state_dict`` hooks make keys of their own is presented by a fresh model from
+    ``build_model``. A copy written before the views (no ``user_view``) is read as it was written:
+    its index's key map (``legacy_keys``), else the keys its entry names give."""
+    tensors = job_view(shards)
+    recorded = shards[0][1].get("user_view") if shards else None
+    if view is None and recorded is not None:
+        view = UserView.from_json(recorded, list(tensors))
+    if view is not None:
+        try:
+            out = present(tensors, view, build_model)
+        except KeyError as e:
+            raise ExportError(f"{e.args[0]}. HINT: export a complete copy (every shard file)") from None
+        except ValueError as e:
+            raise ExportError(str(e)) from None
+        return {k: v.clone() for k, v in out.items()}
+    keys = {k: n.split(".", 1)[1] if n.startswith("model.") else n.split("/", 1)[1] for k, n in legacy_keys.items()} if legacy_keys else {n: n for n in tensors}
+    missing = sorted(k for k, n in keys.items() if n not in tensors)
     if missing:
         raise ExportError(
             f"the saved state lacks {len(missing)} tensor(s) of the model ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}). HINT: export a complete copy (every shard file)"
         )
-    return {k: whole[n].clone() for k, n in keys.items()}
+    return {k: tensors[n].clone() for k, n in keys.items()}
 
 
 def shard_files(path: str) -> Tuple[List[str], Optional[Dict[str, Any]]]:
@@ -80,6 +101,9 @@ def shard_files(path: str) -> Tuple[List[str], Optional[Dict[str, Any]]]:
     for sub in (os.path.join(FINAL, STATE), STATE):
         if os.path.isfile(os.path.join(path, sub, INDEX)):
             return shard_files(os.path.join(path, sub))
+    final = os.path.join(path, FINAL, STATE)
+    if os.path.isdir(final) and any(SHARD_FILE.match(n) for n in os.listdir(final)):  # shard files, no index (a save cut short before it)
+        return shard_files(final)
     index_path = os.path.join(path, INDEX)
     if os.path.isfile(index_path):
         with open(index_path, encoding="utf-8") as f:
@@ -140,14 +164,18 @@ def resume_record(path: str, shards: int) -> Dict[str, Any]:
     return {"path": os.path.dirname(files[0]), "step": step, "sha256": None, "shards": {str(i): {"path": f, "sha256": shas[i]} for i, f in enumerate(files)}}
 
 
-def load_full_model(path: str) -> Dict[str, torch.Tensor]:
-    """The full model of the saved state at ``path`` (see :func:`shard_files`), every file checked."""
+def load_full_model(path: str, build_model: Optional[Callable[[], torch.nn.Module]] = None) -> Dict[str, torch.Tensor]:
+    """The full model of the saved state at ``path`` (see :func:`shard_files`), every file checked;
+    ``build_model``: the task's, for a model whose ``state_dict`` hooks make keys of their own."""
     files, index = shard_files(path)
     try:
         shards = [emergency.read(f, (index or {}).get("files", {}).get(str(i), {}).get("state_sha256")) for i, f in enumerate(files)]
     except emergency.EmergencyCopyError as e:
         raise ExportError(str(e)) from None
-    return full_model(shards, (index or {}).get("model_keys"))
+    steps = sorted({int(meta["step"]) for _, meta in shards})
+    if len(steps) > 1:
+        raise ExportError(f"{path}: its shard files hold different steps ({steps}). HINT: export a complete copy of one step (every shard file of it)")
+    return full_model(shards, (index or {}).get("model_keys"), build_model=build_model)
 
 
 def file_sha256(path: str) -> str:
@@ -176,18 +204,43 @@ def write_atomic(path: str, write: Any) -> Dict[str, Any]:
     return {"path": path, "sha256": file_sha256(path), "bytes": os.path.getsize(path)}
 
 
-def write_model(state_dict: Mapping[str, torch.Tensor], path: str) -> Dict[str, Any]:
-    """The full model to ``path`` (``torch.load(path, weights_only=True)`` gives it back)."""
+FORMATS = ("pt", "safetensors")
+
+
+def format_of(path: str, fmt: Optional[str] = None) -> str:
+    """The file format asked for, else the one ``path``'s suffix names (``.safetensors``), else pt."""
+    if fmt is None:
+        return "safetensors" if path.endswith(".safetensors") else "pt"
+    if fmt not in FORMATS:
+        raise ExportError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}. HINT: --format pt (torch.load) or --format safetensors")
+    return fmt
+
+
+def write_model(state_dict: Mapping[str, torch.Tensor], path: str, fmt: str = "pt") -> Dict[str, Any]:
+    """The full model to ``path``: ``pt`` (``torch.load(path, weights_only=True)`` gives it back)
+    or ``safetensors`` (``safetensors.torch.load_file``; every tensor its own, contiguous)."""
     sd = {k: v.detach().cpu() for k, v in state_dict.items()}
+    if fmt == "safetensors":
+        try:
+            from safetensors.torch import save as st_save
+        except ImportError:
+            raise ExportError("--format safetensors needs the safetensors package. HINT: pip install safetensors (or write --format pt)") from None
+        blob = st_save({k: v.contiguous().clone() for k, v in sd.items()}, metadata={"format": "pt"})
+        write = lambda f: f.write(blob)  # noqa: E731
+    else:
+        write = lambda f: torch.save(sd, f)  # noqa: E731
     try:
-        return write_atomic(path, lambda f: torch.save(sd, f))
+        return write_atomic(path, write)
     except (OSError, RuntimeError) as e:
         cause = emergency._os_error_in(e)
         raise ExportError(f"cannot write the model to {path}: {write_failure(cause or e, path)}") from None
 
 
-def write_final(state_dir: str, files: Sequence[str], out: str, keys: Mapping[str, str], step: int, mode: str) -> Dict[str, Any]:
-    """The final state's index (every state file with its sha256, the key map) and its full model."""
+def write_final(
+    state_dir: str, files: Sequence[str], out: str, step: int, mode: str, view: Optional[UserView] = None, build_model: Optional[Callable[[], torch.nn.Module]] = None
+) -> Dict[str, Any]:
+    """The final state's index (every state file with its sha256) and its full model, the user's
+    view of the live model (``view``; ``build_model`` presents keys its hooks make)."""
     shards = []
     recs: Dict[str, Dict[str, Any]] = {}
     for i, f in enumerate(files):
@@ -197,8 +250,8 @@ def write_final(state_dir: str, files: Sequence[str], out: str, keys: Mapping[st
             raise ExportError(str(e)) from None
         shards.append((entries, meta))
         recs[str(i)] = {"file": os.path.relpath(f, state_dir), "sha256": file_sha256(f), "bytes": os.path.getsize(f), "state_sha256": state_sha256(entries, meta)}
-    model = write_model(full_model(shards, keys), out)
-    index = {"format": 1, "mode": mode, "step": step, "files": recs, "model": {"file": os.path.relpath(out, state_dir), "sha256": model["sha256"]}, "model_keys": dict(keys)}
+    model = write_model(full_model(shards, view=view, build_model=build_model), out)
+    index = {"format": 1, "mode": mode, "step": step, "files": recs, "model": {"file": os.path.relpath(out, state_dir), "sha256": model["sha256"]}}
     text = json.dumps(index, indent=2).encode()
     try:
         idx = write_atomic(os.path.join(state_dir, INDEX), lambda fh: fh.write(text))

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 import torch
 
 from .snapshot import Entries, state_nbytes
-from .transfer import Received, TransferError, push_state
+from .transfer import CopyRefused, Received, TransferError, Unreadable, push_state
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +152,7 @@ class Replicator:
         self._job: Optional[Tuple[int, int, List[Push]]] = None  # (gen, step, pushes)
         self.confirmed: Dict[int, float] = {}  # step -> seconds it took (every holder acked)
         self.sent_bytes = 0
+        self.refused: Optional[str] = None  # a copy a holder cannot take: never retried, it ends the job
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="replicator", daemon=True)
         self._thread.start()
@@ -219,6 +220,10 @@ class Replicator:
                     self.sent_bytes += state_nbytes(entries)
                     with self._cond:
                         self._acked.setdefault(step, set()).add((shard, worker))
+                except (CopyRefused, Unreadable) as e:  # the same copy would be refused again: the job's error (steps.py)
+                    self.refused = f"copy of shard {shard} at step {step} to {worker}: {e}"
+                    self.on_error(self.refused)
+                    break
                 except TransferError as e:
                     self.on_error(f"copy of shard {shard} at step {step} to {worker}: {e}")
                     with self._cond:

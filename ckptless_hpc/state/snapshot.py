@@ -13,7 +13,10 @@ from typing import Any, Dict, List, NamedTuple, Optional, Set, Tuple
 
 import torch
 
+from .views import load_tensors, model_tensors
+
 Entries = List[Tuple[str, torch.Tensor]]
+VIEW = "tensors"  # meta["view"]: model.<name> entries are the model's tensors (state/views.py); absent: state_dict() keys (read still)
 
 
 class Piece(NamedTuple):
@@ -45,9 +48,10 @@ def collect_state(
     model_keys: Optional[Set[str]] = None,
 ) -> Tuple[Entries, Dict[str, Any]]:
     """Views of the live state (no copies) in canonical order, plus metadata (``extra`` holds the
-    engine's JSON-able state: scheduler, grad scaler, counters). ``model_keys``: only these
-    entries of the model's state dict (a rank's shard of it)."""
-    entries: Entries = [(f"model.{k}", v) for k, v in model.state_dict().items() if model_keys is None or k in model_keys]
+    engine's JSON-able state: scheduler, grad scaler, counters). The model's part is its tensors
+    themselves (state/views.py: no ``state_dict`` hook runs); ``model_keys``: only these tensors
+    (a rank's shard of the model)."""
+    entries: Entries = [(f"model.{k}", v.detach()) for k, v in model_tensors(model) if model_keys is None or k in model_keys]
     sd = optimizer.state_dict()
     scalars: Dict[str, Any] = {}
     for i in sorted(sd["state"]):
@@ -63,7 +67,7 @@ def collect_state(
             entries.append((f"task.{k}", v))
         else:
             task_scalars[k] = v
-    meta = {"step": step, "param_groups": sd["param_groups"], "optim_scalars": scalars, "task_scalars": task_scalars, **(extra or {})}
+    meta = {"step": step, "view": VIEW, "param_groups": sd["param_groups"], "optim_scalars": scalars, "task_scalars": task_scalars, **(extra or {})}
     return entries, plain_meta(meta)
 
 
@@ -97,13 +101,10 @@ def apply_model_state(model: torch.nn.Module, task: Any, entries: Entries, meta:
             task_sd[rest] = t
         else:
             raise ValueError(f"state entry {name!r} has an unknown section {kind!r} (the model's part holds model.* and task.*)")
-    if model_keys is None:
-        model.load_state_dict(model_sd, strict=True)
-    else:
-        if set(model_sd) != model_keys:
-            missing, extra = sorted(model_keys - set(model_sd)), sorted(set(model_sd) - model_keys)
-            raise ValueError(f"shard state does not match this rank's shard: missing {missing[:5]}, unexpected {extra[:5]}")
-        model.load_state_dict(model_sd, strict=False)
+    if meta.get("view") == VIEW:
+        load_tensors(model, model_sd, "the state" if model_keys is None else "the shard's state", only=model_keys)
+    else:  # a copy written before the tensors' view (state_dict() keys): read as it was written
+        model.load_state_dict(model_sd, strict=model_keys is None)
     if task_sd:
         task.load_state_dict(task_sd)
 

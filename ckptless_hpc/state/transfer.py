@@ -23,6 +23,7 @@ import socket
 import struct
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -42,7 +43,21 @@ MAX_HEADER = 64 << 20
 MAX_CONNECTIONS = 32  # concurrent authenticated state requests served; more are refused at once
 MAX_HANDSHAKES = 32  # connections in their handshake at once (listener.py: the oldest gives way)
 HANDSHAKE_TIMEOUT_S = 10.0  # for the whole handshake; then the same again for the request
-_DTYPES = {str(d): d for d in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)}
+
+
+# every dtype of this torch whose tensors are plain bytes (complex RoPE caches, bool masks,
+# integer counters, fp8 where torch has it): a state is carried whatever its model holds
+def _plain_bytes(d: torch.dtype) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # complex32's "experimental" warning
+            torch.zeros(1, dtype=d).view(torch.uint8)
+        return True
+    except (RuntimeError, TypeError):  # quantized and other non-byte dtypes
+        return False
+
+
+_DTYPES = {str(d): d for d in vars(torch).values() if isinstance(d, torch.dtype) and _plain_bytes(d)}
 
 
 SLICE = 8 << 20  # bytes hashed and sent (or received) at a time, overlapped
@@ -82,6 +97,15 @@ class TransferError(Exception):
     def __init__(self, message: str, sources: Tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.sources = sources
+
+
+class Unreadable(TransferError):
+    """What was sent is whole but cannot be taken (a dtype this torch has not): sending it again
+    changes nothing; a holder answers it with ``refused``."""
+
+
+class CopyRefused(TransferError):
+    """A holder refused a copy for what it holds (:class:`Unreadable`), not for the wire: never retried."""
 
 
 PARTS = ("all", "first", "rest")
@@ -153,6 +177,9 @@ def _send_entries(conn: socket.socket, entries: Entries, meta: Dict[str, Any], d
     """Header, raw bytes in canonical order, xxh3-64 trailer (``damage``: an injected fault, in
     the middle of entry ``target``)."""
     header = [{"name": n, "dtype": str(t.dtype), "shape": list(t.shape)} for n, t in entries]
+    odd = next((h for h in header if h["dtype"] not in _DTYPES), None)
+    if odd is not None:  # the peer could not take it either
+        raise Unreadable(f"{odd['name']}: dtype {odd['dtype']} cannot be sent as plain bytes")
     _send_big(conn, StateHeader(header, meta).encode())
     digest = _Hasher()
     tensors = [t for _, t in entries]
@@ -182,7 +209,7 @@ def _recv_entries(sock: socket.socket, head: Dict[str, Any], arena: Optional["Ar
     for e in head["entries"]:
         dtype = _DTYPES.get(e["dtype"])
         if dtype is None:
-            raise TransferError(f"unsupported dtype {e['dtype']} for {e['name']}")
+            raise Unreadable(f"{e['name']}: dtype {e['dtype']} is not one this torch ({torch.__version__}) can hold")
         if not in_part(e["name"], want.part):
             raise TransferError(f"{peer} sent {e['name']}, which is not in the part asked for ({want.part})")
         t = arena.take(e["shape"], dtype) if arena is not None else torch.empty(e["shape"], dtype=dtype)
@@ -273,7 +300,11 @@ class StateServer:
         """A peer pushes a copy of its shard (parallel=zero|fsdp): received, verified, kept, acked."""
         conn.settimeout(HANDSHAKE_TIMEOUT_S * 6)
         head = _recv_big(conn)
-        got = _recv_entries(conn, head, None, "replica", int(req["step"]))
+        try:
+            got = _recv_entries(conn, head, None, "replica", int(req["step"]))
+        except Unreadable as e:
+            wire.send_msg(conn, Refused(str(e)).encode())
+            raise
         assert self._receiver is not None
         self._receiver(int(req["gen"]), int(req["shard"]), int(req["step"]), got)
         wire.send_msg(conn, Ack(int(req["step"])).encode())
@@ -357,6 +388,8 @@ def push_state(host: str, port: int, secret: str, gen: int, shard: int, step: in
         wire.send_msg(sock, Replica(gen, shard, step).encode())
         _send_entries(sock, entries, meta)
         ack = wire.recv_msg(sock)
+        if messages.kind(ack, STATE_PORT) is Refused:
+            raise CopyRefused(f"holder {host}:{port} refused the copy of step {step}: {ack.get('reason')}")
         if messages.kind(ack, STATE_PORT) is not Ack or ack.get("step") != step:
             raise TransferError(f"holder {host}:{port} did not acknowledge step {step}: {ack}")
         return time.monotonic() - t0

@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
 
 from ..rundir.paths import MODEL, RunPaths
 from ..rundir.read import Progress, Run, RunDirError, expand_paths, load_run, progress, rank_history, worker_pids
@@ -509,6 +509,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     x.add_argument("path", metavar="RUN_DIR_OR_COPY")
     x.add_argument("--out", metavar="PT", default=MODEL, help=f"where to write it (default: {MODEL})")
+    x.add_argument(
+        "--format",
+        choices=("pt", "safetensors"),
+        default=None,
+        help="pt (torch.load) or safetensors (needs the safetensors package); default: safetensors when --out ends in .safetensors, else pt",
+    )
     return p
 
 
@@ -516,11 +522,38 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
     from ..state import export  # imports torch: only this command pays for it
 
     try:
-        rec = export.write_model(export.load_full_model(args.path), args.out)
+        fmt = export.format_of(args.out, args.format)
+        rec = export.write_model(export.load_full_model(args.path, build_model=lambda: _run_model(args.path)), args.out, fmt)
     except export.ExportError as e:
         raise UsageError(str(e)) from None
     print(f"wrote {rec['path']}: the full model of {args.path} ({rec['bytes'] / 1e6:.1f} MB, sha256 {rec['sha256']})", file=out)
     return EXIT_OK
+
+
+def _run_model(path: str) -> Any:
+    """A fresh model of the task of the run that wrote ``path`` (its .hydra/config.yaml, in the
+    run directory at or above ``path``): only a model whose ``state_dict`` hooks make keys of
+    their own needs it to be presented."""
+    from omegaconf import OmegaConf
+    from hydra.utils import instantiate
+
+    from ..state.export import ExportError
+
+    here = os.path.abspath(path if os.path.isdir(path) else os.path.dirname(path))
+    while True:
+        cfg_path = RunPaths(here).hydra_config
+        if os.path.isfile(cfg_path):
+            break
+        if os.path.dirname(here) == here:
+            raise ExportError(
+                f"{path}: the model's state_dict hooks make keys of their own and no run directory above it names the task. HINT: export from the run directory (RUN_DIR/.hydra/config.yaml)"
+            )
+        here = os.path.dirname(here)
+    try:
+        task = instantiate(OmegaConf.load(cfg_path).task)
+        return task.build_model()
+    except Exception as e:  # the user's task: any failure, named
+        raise ExportError(f"cannot build the task's model from {cfg_path} ({type(e).__name__}: {e}). HINT: run export where the task's module imports (PYTHONPATH)") from None
 
 
 def _nonneg_int(text: str) -> int:

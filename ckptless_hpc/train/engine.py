@@ -35,8 +35,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..state.export import key_map
 from ..state.snapshot import Entries, Piece, apply_model_state, apply_optimizer_state, apply_state, collect_state
+from ..state.views import UserView, model_tensors
 from ..tasks.base import set_lr
 from ..config import reduction
 from .data import Feed, forward_seed, make_feed
@@ -117,6 +117,12 @@ class Engine:
         torch.manual_seed(t.seed)
         self.model = task.build_model().to(device)
         _refuse_sync_batchnorm(self.model)
+        # what a user takes away (state/views.py), read once from the plain model: its hooks may communicate once it is sharded
+        self.user_view = UserView.of(self.model)
+        self._user_view = self.user_view.to_json([n for n, _ in model_tensors(self.model)])
+        # train.compile: the task's loss and evaluate get the compiled module; the state, the names
+        # and the hook keep the model itself (no "_orig_mod." anywhere)
+        self.run_model = torch.compile(self.model, backend=str(t.get("compile_backend", "inductor"))) if t.get("compile", False) else self.model
         self.mode = str(cfg.parallel.mode) if "parallel" in cfg else "ddp"
         self.optimizer = task.build_optimizer(self.model, cfg.optim)
         self.zero: Optional[ZeroPartition] = None  # parallel=zero: built once the rank is known
@@ -251,7 +257,7 @@ class Engine:
     def task_loss(self, batch: Any) -> torch.Tensor:
         """The task's loss on one micro-batch (under the caller's autocast); its own metrics, if
         it returns ``(loss, {...})``, are added to the step's sums."""
-        loss, metrics = split_loss(self.task.loss(self.model, batch), self.task)
+        loss, metrics = split_loss(self.task.loss(self.run_model, batch), self.task)
         if metrics is not None or self.metrics.names is not None:
             self.metrics.add(metrics or {}, self.device)
         return loss
@@ -461,7 +467,7 @@ class Engine:
                 for index, weight in eval_indices(comm.rank, comm.world, batches):
                     batch = self.val.batch(index, comm.rank, comm.world)
                     with self.autocast():
-                        out = self.task.evaluate(self.model, batch) if self.fsdp is None else self.fsdp.evaluate(batch)
+                        out = self.task.evaluate(self.run_model, batch) if self.fsdp is None else self.fsdp.evaluate(batch)
                     sums.add(out, self.device, weight)
             total = sums.vector(torch.zeros(1, dtype=torch.float64, device=self.device))
             before_reduce()
@@ -490,6 +496,7 @@ class Engine:
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "skipped": dict(self.skipped),
+            "user_view": self._user_view,
         }
         if self.fsdp is not None:
             return self.fsdp.collect(step, extra)
@@ -497,9 +504,10 @@ class Engine:
             return collect_state(self.model, part.optimizer, self.task, step, extra, model_keys=part.model_keys)
         return collect_state(self.model, self.optimizer, self.task, step, extra)
 
-    def model_key_map(self) -> Dict[str, str]:
-        """Each key of the model's ``state_dict()`` -> the state entry holding it (state/export.py)."""
-        return key_map(self.model, sharded_params=self.fsdp is not None)
+    def build_model(self) -> torch.nn.Module:
+        """A fresh, plain model of the task, to present a state through its own hooks (state/views.py); the RNG is left as it was."""
+        with torch.random.fork_rng(devices=[]):
+            return self.task.build_model()
 
     def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False, shard: Optional[int] = None) -> None:
         """Load a state (a shard, in a sharded mode) into this rank. The optimizer keeps the

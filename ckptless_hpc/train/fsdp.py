@@ -461,6 +461,7 @@ def warm_up(
     optimizer_factory: Optional[Callable[[nn.Module], torch.optim.Optimizer]] = None,
     units_fn: Optional[Callable[[nn.Module], Sequence[nn.Module]]] = None,
     host: str = "127.0.0.1",
+    **fully_shard_kwargs: Any,
 ) -> Dict[str, float]:
     """A throwaway ``fully_shard`` + forward/backward/optimizer step on a private 1-rank gloo
     group, before this process has a rank: a hot spare's first real ``fully_shard`` is then
@@ -480,8 +481,8 @@ def warm_up(
         mesh = P.mesh_of(pg, [0], 0, _device_type(model), dim_name="ckptless_warmup")  # never equal to a real mesh
         t1 = time.perf_counter()
         for unit in default_units(model) if units_fn is None else units_fn(model):
-            fully_shard(unit, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(unit, mesh=mesh, **fully_shard_kwargs)
+        fully_shard(model, mesh=mesh, **fully_shard_kwargs)
         t2 = time.perf_counter()
         opt = optimizer_factory(model) if optimizer_factory is not None else torch.optim.Adam(model.parameters(), lr=0.0)
         loss_fn(model).backward()

@@ -46,6 +46,18 @@ class FSDPStrategy:
         self.warm: Dict[str, float] = {}
 
     # ------------------------------------------------------------------ set-up
+    def shard_kwargs(self) -> Dict[str, Any]:
+        """``fully_shard``'s options from the config: FSDP2's MixedPrecisionPolicy
+        (parallel.param_dtype, parallel.reduce_dtype, as torchtitan sets them), when either is set."""
+        p = self.e.cfg.parallel
+        param, reduce = p.get("param_dtype"), p.get("reduce_dtype")
+        if param is None and reduce is None:
+            return {}
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+        return {"mp_policy": MixedPrecisionPolicy(param_dtype=dt.get(param), reduce_dtype=dt.get(reduce))}
+
     def warm_up(self) -> Dict[str, float]:
         """A hot spare's throwaway shard + step (its real first ``fully_shard`` is then fast)."""
         e = self.e
@@ -55,6 +67,7 @@ class FSDPStrategy:
             lambda m: split_loss(e.task.loss(m, batch), e.task)[0],
             lambda m: e.task.build_optimizer(m, e.cfg.optim),
             units_fn=lambda m: fsdp.units_for(e.task, m),
+            **self.shard_kwargs(),
         )
         return self.warm
 
@@ -70,7 +83,7 @@ class FSDPStrategy:
             self.binding.rebind(pg, rep)
             return
         fsdp.stable_default_group(comm.rank, comm.world)
-        self.binding = fsdp.FSDPBinding.shard(e.model, pg, rep, units=fsdp.units_for(e.task, e.model), rank=comm.rank)
+        self.binding = fsdp.FSDPBinding.shard(e.model, pg, rep, units=fsdp.units_for(e.task, e.model), rank=comm.rank, **self.shard_kwargs())
         e.optimizer = e.task.build_optimizer(e.model, e.cfg.optim)
         e.scheduler = e.build_scheduler()
         if self._pending is not None:
@@ -123,7 +136,7 @@ class FSDPStrategy:
     def evaluate(self, batch: Any) -> Any:
         """The task's evaluate on the sharded model (its all-gathers can fail as a step's do)."""
         try:
-            return self.e.task.evaluate(self.e.model, batch)
+            return self.e.task.evaluate(self.e.run_model, batch)
         except Exception as err:
             if _is_comm_error(err):
                 raise StepFailed(f"evaluation: {err}") from None

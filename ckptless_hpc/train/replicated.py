@@ -140,15 +140,18 @@ class BufferSync:
                 b.copy_(s)
 
     def launch(self, comm: Any, root: int = 0) -> List[Any]:
-        """Broadcast ``root``'s buffers (the process holding virtual rank 0, train/fixed.py)."""
-        self._packed = [torch.cat([b.detach().reshape(-1) for b in bufs]) for _, bufs in self.groups]
+        """Broadcast ``root``'s buffers (the process holding virtual rank 0, train/fixed.py), each
+        dtype's as its raw bytes: any dtype a model holds (a complex RoPE cache, a bool mask) goes
+        as the backend's plainest type."""
+        self._packed = [torch.cat([b.detach().contiguous().reshape(-1).view(torch.uint8) for b in bufs]) for _, bufs in self.groups]
         return [comm.broadcast(t, root) for t in self._packed]
 
     def land(self) -> None:
         with torch.no_grad():
-            for (_, bufs), packed in zip(self.groups, self._packed):
+            for (dtype, bufs), packed in zip(self.groups, self._packed):
+                values = packed.view(dtype)  # one dtype per group: every buffer starts at a whole element
                 off = 0
                 for b in bufs:
-                    b.copy_(packed[off : off + b.numel()].view_as(b))
+                    b.copy_(values[off : off + b.numel()].view_as(b))
                     off += b.numel()
         self._packed = []

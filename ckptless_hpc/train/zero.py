@@ -11,7 +11,8 @@ optimizer state) is either at the old step or at the new one, never torn, whatev
 Ownership is by whole parameter tensor, greedy by size (largest first, to the least loaded
 rank; ties by rank), a pure function of the model and the world size, so a replacement computes
 the same partition. A rank's shard: its parameters, their optimizer state, every buffer (the
-same on every rank) and the task's tensors.
+same on every rank) and the task's tensors, the model's part by the tensors themselves
+(state/views.py: a tie is one parameter, owned once; no ``state_dict`` hook is involved).
 
 In a job that shrank (``cluster.min_nodes``), a survivor also steps the parts of the lost ranks it
 trains, each with the optimizer its rank had (:meth:`ZeroPartition.hold`): the partition stays
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
+
+from ..state.views import model_tensors
 
 
 def partition(sizes: List[int], world: int) -> List[int]:
@@ -65,8 +68,10 @@ class ZeroPartition:
         self._owned: Dict[int, List[Tuple[str, torch.Tensor]]] = {o: [] for o in range(world)}
         for (n, p), o in zip(named, owners):
             self._owned[o].append((n, p))
-        params = dict(model.named_parameters())
-        self._buffers = {k for k in model.state_dict() if k not in params}
+        # every shard holds the tensors nobody steps: buffers and frozen parameters (by name, the
+        # job's view: state/views.py; a tied parameter is one tensor, owned once)
+        stepped = {n for n, _ in named}
+        self._buffers = {n for n, _ in model_tensors(model) if n not in stepped}
         self.own = self._part(rank)
         self.adopted: Dict[int, Part] = {}
         # per (owner, dtype): the parameters it sends, in model order

@@ -47,7 +47,7 @@ from ..train import cuda
 from ..train.comm import resources
 from ..train.engine import Engine
 from . import last_resort
-from .exits import EXIT_COORDINATOR_LOST, EXIT_STARTUP_ERROR
+from .exits import EXIT_COORDINATOR_LOST, EXIT_STARTUP_ERROR, EXIT_WORKER_FAILED
 from .groups import Groups
 from .injector import FaultInjector
 from .interrupt import Aborted, CollectiveError, Waiter
@@ -288,8 +288,20 @@ class Agent:
             handler = handlers.get(type(msg))
             if handler is None:
                 log.warning("ignoring unknown message %r", raw["type"])
-            else:
+                continue
+            try:
                 handler(msg)
+            except Exception:  # its own error (a bug, a model its mode cannot carry): the job's error, not a loss
+                self._fail(msg)
+
+    def _fail(self, msg: Any) -> None:
+        s = self.standing
+        during = f"rank {s.rank}, generation {s.gen}, step {s.step}, handling {msg.TYPE}"
+        tb = traceback.format_exc()
+        log.error("%s: failed:\n%s", during, tb)
+        self.client.send(m.WorkerFailed(tb, during))
+        time.sleep(0.2)
+        exit_now(EXIT_WORKER_FAILED)
 
     def _on_abort(self, msg: m.Abort) -> None:
         self.faults.fire_due("recovery", self.standing.step)

@@ -35,7 +35,9 @@ class EngineState(Protocol):
 
     def apply_rest(self, entries: Entries, meta: Dict[str, Any]) -> None: ...
 
-    def model_key_map(self) -> Dict[str, str]: ...
+    user_view: Any  # state/views.UserView: what a user takes away of this model
+
+    def build_model(self) -> Any: ...
 
 
 class EngineGroups(Protocol):

@@ -169,8 +169,11 @@ class Steps:
     def _await_copy(self, gen: int, step: int) -> None:
         shards = self.shards
         t0 = time.perf_counter()
-        outcome = self.waiter.wait_until(shards.copy_confirmed, gen, self.collective_timeout_s)
+        refused = lambda: shards.replicator.refused  # noqa: E731
+        outcome = self.waiter.wait_until(lambda: shards.copy_confirmed() or refused() is not None, gen, self.collective_timeout_s)
         shards.waited(time.perf_counter() - t0)
+        if refused() is not None:  # no retry can cure it: the job's error (worker_failed), naming the tensor and its dtype
+            raise RuntimeError(f"rank {self.standing.rank}, step {step}: {refused()}")
         if outcome == "abort":
             raise Aborted("replication")
         if outcome == "timeout":

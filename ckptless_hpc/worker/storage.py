@@ -74,7 +74,7 @@ class StorageCopy:
     def export(self, files: List[str], out: str, step: int) -> None:
         """The final state's index and full model (state/export.py), from its written files."""
         try:
-            rec = export.write_final(os.path.dirname(files[0]), files, out, self.engine.model_key_map(), step, self.engine.mode)
+            rec = export.write_final(os.path.dirname(files[0]), files, out, step, self.engine.mode, self.engine.user_view, self.engine.build_model)
         except export.ExportError as e:
             log.error("%s", e)
             self.client.send(ExportFailed(out, str(e)))

@@ -145,3 +145,15 @@ def test_dry_run_prints_the_placement_and_launches_nothing(job):
     assert not (res.run_dir / "events.jsonl").exists()
     res = job("dry_run=true", "cluster=slurm", "cluster.partition=gpu", timeout_s=120)
     assert res.rc == 0 and "#SBATCH --nodes=3" in res.out and "#SBATCH --no-kill" in res.out and "srun --nodes=1" in res.out
+
+
+def test_a_workers_own_error_is_the_jobs_error_not_a_lost_worker(job):
+    """A survivor's exception (a bug, a model its mode cannot carry) ends the job with that error,
+    the rank, the generation and the step; never recovered as a loss, never "no_spare"."""
+    tasks = str(Path(__file__).parent / "tasks_for_tests")
+    res = job("~task", "+task._target_=bad_tasks.RaisesAtStep", "train.steps=8", env={"PYTHONPATH": tasks}, timeout_s=120)
+    assert res.rc == 1, res.out[-3000:]
+    s = res.summary
+    assert s["status"] == "failed" and not s["recoveries"], s
+    assert "the task's own bug at step 3" in s["error"] and "generation 0" in s["error"] and "rank " in s["error"], s["error"]
+    assert "spare" not in s["error"]

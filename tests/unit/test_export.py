@@ -13,6 +13,7 @@ from torch import nn
 
 from ckptless_hpc.state import emergency, export
 from ckptless_hpc.state.snapshot import collect_state
+from ckptless_hpc.state.views import UserView, model_tensors
 from ckptless_hpc.tasks.mlp import MLPTask
 from ckptless_hpc.tools.commands import main as tools_main
 
@@ -43,13 +44,13 @@ def _fsdp_shards(model: nn.Module, world: int):
     for r in range(world):
         entries = [(f"param/{n}", p.detach().chunk(world)[r] if r < len(p.detach().chunk(world)) else p.detach()[:0]) for n, p in model.named_parameters()]
         entries += [(f"buffer/{n}", b) for n, b in model.named_buffers()]
-        shards.append((entries, {"step": 3}))
+        shards.append((entries, {"step": 3, "user_view": UserView.of(model).to_json([n for n, _ in model_tensors(model)])}))
     return shards
 
 
-def test_fsdp_shards_join_to_the_full_state_dict_through_the_key_map():
+def test_fsdp_shards_join_to_the_full_state_dict_through_the_user_view():
     model = _model()
-    got = export.full_model(_fsdp_shards(model, 3), export.key_map(model, sharded_params=True))
+    got = export.full_model(_fsdp_shards(model, 3), view=UserView.of(model))
     want = model.state_dict()
     assert list(got) == list(want)  # tied alias present, non-persistent buffer absent
     assert all(torch.equal(got[k], want[k]) for k in want)
@@ -88,7 +89,7 @@ def test_a_missing_shard_is_refused_with_the_path_and_a_hint(tmp_path):
     with pytest.raises(export.ExportError, match=r"holds shards \[0, 2\].*HINT"):
         export.load_full_model(str(tmp_path))
     with pytest.raises(export.ExportError, match="lacks 1 tensor"):
-        export.full_model([([e for e in shards[0][0] if e[0] != "param/norm.bias"], {})], export.key_map(model, True))
+        export.full_model([([e for e in shards[0][0] if e[0] != "param/norm.bias"], {})], view=UserView.of(model))
 
 
 def test_paths_a_user_gives(tmp_path):
@@ -98,14 +99,14 @@ def test_paths_a_user_gives(tmp_path):
     state.mkdir(parents=True)
     for r, sh in enumerate(_fsdp_shards(model, 2)):
         emergency.write(str(state / f"shard{r}.pt"), *sh)
-    rec = export.write_final(str(state), [str(state / "shard0.pt"), str(state / "shard1.pt")], str(run / "final" / "model.pt"), export.key_map(model, True), 3, "fsdp")
+    rec = export.write_final(str(state), [str(state / "shard0.pt"), str(state / "shard1.pt")], str(run / "final" / "model.pt"), 3, "fsdp", UserView.of(model))
     index = json.loads((state / "index.json").read_text())
     assert index["model"]["sha256"] == rec["model"]["sha256"] == export.file_sha256(str(run / "final" / "model.pt"))
     assert all(index["files"][k]["sha256"] == export.file_sha256(str(state / v["file"])) for k, v in index["files"].items())
     want = torch.load(run / "final" / "model.pt", weights_only=True)
     for p in (run, run / "final", state):  # a run dir, its final/, the state folder
         got = export.load_full_model(str(p))
-        assert list(got) == list(want) and all(torch.equal(got[k], want[k]) for k in want), p
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), p
     with pytest.raises(export.ExportError, match="does not exist"):
         export.load_full_model(str(tmp_path / "nowhere"))
     with pytest.raises(export.ExportError, match="no saved state"):

@@ -86,6 +86,51 @@ def test_a_holder_that_is_gone_is_retried_until_it_answers_or_the_copy_is_supers
     rep.close()
 
 
+def test_every_dtype_a_model_holds_is_copied_bitwise():
+    """Failure 2 of issue 30: a complex64 RoPE cache was refused ("unsupported dtype"), the copy
+    retried five times a second, forever. Complex, bool, integer, bf16 and fp8 go as bytes."""
+    store, server = _holder()
+    woke = threading.Event()
+    rep = Replicator(SECRET, 10, on_error=lambda e: None, on_change=woke.set)
+    entries = [
+        ("buffer/freqs_cis", torch.polar(torch.ones(4, 3), torch.rand(4, 3))),
+        ("buffer/mask", torch.tensor([True, False, True])),
+        ("buffer/count", torch.tensor(7, dtype=torch.int64)),
+        ("param/w", torch.randn(5, dtype=torch.bfloat16)),
+        ("param/w8", torch.randn(5).to(torch.float8_e4m3fn)),
+    ]
+    rep.send(0, 2, 1, ShardStore().snapshot(1, entries, {"step": 1}), [("127.0.0.1", server.port, "holder")])
+    deadline = time.monotonic() + 10
+    while not rep.is_confirmed(1):
+        assert time.monotonic() < deadline and rep.refused is None, rep.refused
+        woke.wait(0.5)
+        woke.clear()
+    got = dict(store.get(2, 1)[0])
+    assert all(got[n].dtype == t.dtype and torch.equal(got[n].view(torch.uint8), t.view(torch.uint8)) for n, t in entries)
+    rep.close()
+    server.close()
+
+
+def test_a_copy_that_can_never_be_taken_is_not_retried_and_names_the_tensor(monkeypatch):
+    """A dtype the wire cannot carry is no transient error: the replicator stops and says which
+    tensor and dtype (the worker ends the job with it, worker/steps.py), instead of retrying forever."""
+    from ckptless_hpc.state import transfer
+
+    store, server = _holder()
+    errors = []
+    rep = Replicator(SECRET, 10, on_error=errors.append)
+    monkeypatch.delitem(transfer._DTYPES, "torch.complex64")
+    rep.send(0, 1, 3, ShardStore().snapshot(3, [("buffer/freqs_cis", torch.zeros(2, dtype=torch.complex64))], {"step": 3}), [("127.0.0.1", server.port, "holder")])
+    deadline = time.monotonic() + 10
+    while rep.refused is None:
+        assert time.monotonic() < deadline, errors
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert len(errors) == 1 and "buffer/freqs_cis" in rep.refused and "complex64" in rep.refused and not rep.is_confirmed(3)
+    rep.close()
+    server.close()
+
+
 def test_snapshots_are_copies_and_the_durable_step_keeps_what_a_rollback_needs():
     st = ShardStore()
     live, meta = _state(1)

@@ -13,3 +13,11 @@ class GlobalRNGTask(MLPTask):
     def batch(self, step, rank, world, generator):
         x = torch.randn(self.batch_size, self.input_dim)
         return x, torch.zeros(self.batch_size, dtype=torch.long)
+
+
+class RaisesAtStep(MLPTask):
+    """A bug of the task's own: its hook raises after step 3's update, on every rank."""
+
+    def on_step_end(self, model, optimizer, step):
+        if step == 3:
+            raise RuntimeError("the task's own bug at step 3")
