@@ -508,7 +508,7 @@ class ParallelConfig:
             v = getattr(p, name, None)
             need(v is None or v in MP_DTYPES, f"parallel.{name}", v, "unknown dtype", f"use one of {', '.join(MP_DTYPES)}, or null")
             need(
-                v is None or p.mode in ("fsdp", "hsdp"),
+                v not in MP_DTYPES or p.mode in ("fsdp", "hsdp"),
                 f"parallel.{name}",
                 v,
                 f"FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not {p.mode}",

@@ -84,4 +84,15 @@ def nonfinite(nf: Dict[str, Any], saved: Optional[Dict[str, Any]], where_if_not:
 
 
 def final_save_failed(sha: str, error: str, run_dir: str) -> str:
-    return f"training completed (state sha256 {sha}), but {error}. HINT: free space in {run_dir} (or run with hydra.run.dir on a writable filesystem with room); train.save_final=false skips it"
+    """The error of a final save, with the hint of its own cause: a write failure carries its
+    own (a full disk, a read-only filesystem); an exporter that never answered is waiting on
+    something (the model's own code); anything else is named as it is."""
+    done = f"training completed (state sha256 {sha}), but {error}"
+    if "HINT:" in error:
+        return f"{done}; train.save_final=false skips the final save"
+    if "did not write" in error:
+        return (
+            f"{done}. HINT: the exporting rank's log (ckptless-hpc logs {run_dir}) shows where it waits: the model is presented by a fresh "
+            "build_model() and its state_dict() hooks (docs/tasks.md, two views of the model's state); train.save_final=false skips the final save"
+        )
+    return f"{done}. HINT: the cause is named above; train.save_final=false skips the final save"

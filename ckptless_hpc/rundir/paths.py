@@ -41,6 +41,7 @@ JOB = "job.json"
 COORDINATOR_LOG = "coordinator.log"
 INDEX = "index.json"  # a state folder's index (saved/step<S>/, final/state/)
 MODEL = "model.pt"  # the full model (final/model.pt; the default of ``ckptless-hpc export --out``)
+DCP = "dcp"  # the whole final state as a torch.distributed.checkpoint checkpoint (final/dcp/, state/dcp.py)
 EMERGENCY = "emergency.pt"  # the replicated emergency copy (state/emergency.pt)
 STATE_FILE = "state.pt"  # one whole replicated state in a state folder
 REPORT = "report.png"
@@ -201,6 +202,11 @@ class RunPaths:
     @property
     def final_model(self) -> str:
         return self._join(FINAL, MODEL)
+
+    @property
+    def final_dcp(self) -> str:
+        """The whole final state as a DCP checkpoint (state/dcp.py): dcp.load restores it into the user's own model and optimizer."""
+        return self._join(FINAL, DCP)
 
     @property
     def final_state(self) -> str:

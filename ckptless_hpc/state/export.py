@@ -27,9 +27,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..rundir.paths import FINAL, INDEX, SHARD_FILE, STATE, RunPaths, step_of_folder
+from ..rundir.paths import DCP, FINAL, INDEX, SHARD_FILE, STATE, RunPaths, step_of_folder
 from ..rundir.record import fsync_dir, remove_quietly, write_failure
-from . import emergency
+from . import dcp, emergency
 from .snapshot import state_sha256
 from .views import UserView, present
 
@@ -167,6 +167,24 @@ def resume_record(path: str, shards: int) -> Dict[str, Any]:
 def load_full_model(path: str, build_model: Optional[Callable[[], torch.nn.Module]] = None) -> Dict[str, torch.Tensor]:
     """The full model of the saved state at ``path`` (see :func:`shard_files`), every file checked;
     ``build_model``: the task's, for a model whose ``state_dict`` hooks make keys of their own."""
+    shards, index = load_shards(path)
+    return full_model(shards, (index or {}).get("model_keys"), build_model=build_model)
+
+
+def export_dcp(path: str, out: str, build_model: Optional[Callable[[], torch.nn.Module]] = None) -> Dict[str, Any]:
+    """The whole saved state at ``path`` as one DCP checkpoint at ``out`` (state/dcp.py)."""
+    shards, index = load_shards(path)
+    user = full_model(shards, (index or {}).get("model_keys"), build_model=build_model)
+    try:
+        return dcp.write(out, shards, user)
+    except OSError as e:
+        raise ExportError(f"cannot write {out}: {write_failure(e, out)}") from None
+    except ValueError as e:
+        raise ExportError(f"{path}: {e}") from None
+
+
+def load_shards(path: str) -> Tuple[List[Tuple[List[Tuple[str, torch.Tensor]], Dict[str, Any]]], Optional[Dict[str, Any]]]:
+    """Every shard of the saved state at ``path`` (entries, meta), each file checked, all of one step; and its index."""
     files, index = shard_files(path)
     try:
         shards = [emergency.read(f, (index or {}).get("files", {}).get(str(i), {}).get("state_sha256")) for i, f in enumerate(files)]
@@ -175,7 +193,7 @@ def load_full_model(path: str, build_model: Optional[Callable[[], torch.nn.Modul
     steps = sorted({int(meta["step"]) for _, meta in shards})
     if len(steps) > 1:
         raise ExportError(f"{path}: its shard files hold different steps ({steps}). HINT: export a complete copy of one step (every shard file of it)")
-    return full_model(shards, (index or {}).get("model_keys"), build_model=build_model)
+    return shards, index
 
 
 def file_sha256(path: str) -> str:
@@ -204,7 +222,7 @@ def write_atomic(path: str, write: Any) -> Dict[str, Any]:
     return {"path": path, "sha256": file_sha256(path), "bytes": os.path.getsize(path)}
 
 
-FORMATS = ("pt", "safetensors")
+FORMATS = ("pt", "safetensors", "dcp")
 
 
 def format_of(path: str, fmt: Optional[str] = None) -> str:
@@ -212,7 +230,7 @@ def format_of(path: str, fmt: Optional[str] = None) -> str:
     if fmt is None:
         return "safetensors" if path.endswith(".safetensors") else "pt"
     if fmt not in FORMATS:
-        raise ExportError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}. HINT: --format pt (torch.load) or --format safetensors")
+        raise ExportError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}. HINT: --format pt (torch.load), safetensors, or dcp (a folder: the whole state)")
     return fmt
 
 
@@ -250,11 +268,26 @@ def write_final(
             raise ExportError(str(e)) from None
         shards.append((entries, meta))
         recs[str(i)] = {"file": os.path.relpath(f, state_dir), "sha256": file_sha256(f), "bytes": os.path.getsize(f), "state_sha256": state_sha256(entries, meta)}
-    model = write_model(full_model(shards, view=view, build_model=build_model), out)
-    index = {"format": 1, "mode": mode, "step": step, "files": recs, "model": {"file": os.path.relpath(out, state_dir), "sha256": model["sha256"]}}
+    user = full_model(shards, view=view, build_model=build_model)
+    model = write_model(user, out)
+    dcp_dir = os.path.join(os.path.dirname(out), DCP)
+    try:
+        dcp_rec = dcp.write(dcp_dir, shards, user)
+    except OSError as e:
+        raise ExportError(f"cannot write {dcp_dir}: {write_failure(e, dcp_dir)}") from None
+    except ValueError as e:
+        raise ExportError(f"cannot write {dcp_dir}: {e}") from None
+    index = {
+        "format": 1,
+        "mode": mode,
+        "step": step,
+        "files": recs,
+        "model": {"file": os.path.relpath(out, state_dir), "sha256": model["sha256"]},
+        "dcp": os.path.relpath(dcp_dir, state_dir),
+    }
     text = json.dumps(index, indent=2).encode()
     try:
         idx = write_atomic(os.path.join(state_dir, INDEX), lambda fh: fh.write(text))
     except OSError as e:
         raise ExportError(f"cannot write {os.path.join(state_dir, INDEX)}: {write_failure(e, state_dir)}") from None
-    return {"model": model, "state": {"path": state_dir, "index": idx["path"], "files": recs}}
+    return {"model": model, "state": {"path": state_dir, "index": idx["path"], "files": recs, "dcp": dcp_rec}}

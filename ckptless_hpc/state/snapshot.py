@@ -53,22 +53,35 @@ def collect_state(
     (a rank's shard of the model)."""
     entries: Entries = [(f"model.{k}", v.detach()) for k, v in model_tensors(model) if model_keys is None or k in model_keys]
     sd = optimizer.state_dict()
+    names = param_names(model, optimizer)  # the optimizer's state by parameter: optim.<name>.<key>
     scalars: Dict[str, Any] = {}
     for i in sorted(sd["state"]):
         for k in sorted(sd["state"][i]):
             v = sd["state"][i][k]
             if torch.is_tensor(v):
-                entries.append((f"optim.{i}.{k}", v))
+                entries.append((f"optim.{names[i]}.{k}", v))
             else:
-                scalars[f"{i}.{k}"] = v
+                scalars[f"{names[i]}.{k}"] = v
     task_scalars: Dict[str, Any] = {}
     for k, v in sorted((task.state_dict() or {}).items()):
         if torch.is_tensor(v):
             entries.append((f"task.{k}", v))
         else:
             task_scalars[k] = v
-    meta = {"step": step, "view": VIEW, "param_groups": sd["param_groups"], "optim_scalars": scalars, "task_scalars": task_scalars, **(extra or {})}
+    meta = {"step": step, "view": VIEW, "param_groups": sd["param_groups"], "param_names": names, "optim_scalars": scalars, "task_scalars": task_scalars, **(extra or {})}
     return entries, plain_meta(meta)
+
+
+def param_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> List[str]:
+    """The name of each parameter the optimizer steps, in its order (its state_dict's indices)."""
+    name_of = {id(p): n for n, p in model.named_parameters()}
+    out = []
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            if id(p) not in name_of:
+                raise ValueError("the optimizer steps a tensor that is not a parameter of the model. HINT: build the optimizer over model.parameters() (or groups of them)")
+            out.append(name_of[id(p)])
+    return out
 
 
 def plain_meta(meta: Dict[str, Any]) -> Dict[str, Any]:
@@ -86,7 +99,7 @@ def apply_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: 
     """Load a received state into a built model/optimizer/task (the inverse of collect_state;
     ``model_keys``: the shard of the model's state dict it holds, exactly)."""
     apply_model_state(model, task, [e for e in entries if not e[0].startswith("optim.")], meta, model_keys)
-    apply_optimizer_state(optimizer, [e for e in entries if e[0].startswith("optim.")], meta)
+    apply_optimizer_state(optimizer, [e for e in entries if e[0].startswith("optim.")], meta, model)
 
 
 def apply_model_state(model: torch.nn.Module, task: Any, entries: Entries, meta: Dict[str, Any], model_keys: Optional[Set[str]] = None) -> None:
@@ -109,18 +122,33 @@ def apply_model_state(model: torch.nn.Module, task: Any, entries: Entries, meta:
         task.load_state_dict(task_sd)
 
 
-def apply_optimizer_state(optimizer: torch.optim.Optimizer, entries: Entries, meta: Dict[str, Any]) -> None:
-    """The optimizer's part of a state (its optim.* entries, its scalars and param groups)."""
+def apply_optimizer_state(optimizer: torch.optim.Optimizer, entries: Entries, meta: Dict[str, Any], model: Optional[torch.nn.Module] = None) -> None:
+    """The optimizer's part of a state (its optim.* entries, its scalars and param groups): by
+    parameter name (``optim.<name>.<key>``, ``model`` names them), or by index in a copy written
+    before the tensors' view."""
+    by_name = meta.get("view") == VIEW
+    if by_name and model is None:
+        raise ValueError("apply_optimizer_state: a state keyed by parameter name needs the model")
+    index_of = {n: i for i, n in enumerate(param_names(model, optimizer))} if by_name and model is not None else {}
+
+    def index(key: str) -> Tuple[int, str]:
+        where, _, k = key.rpartition(".")  # an optimizer's state keys (exp_avg, step, ...) hold no dot
+        if not by_name:
+            return int(where), k
+        if where not in index_of:
+            raise ValueError(f"the state holds optimizer state of {where!r}, which this optimizer does not step. HINT: the state must come from the same task and rank")
+        return index_of[where], k
+
     opt_state: Dict[int, Dict[str, Any]] = {}
     for name, t in entries:
         kind, _, rest = name.partition(".")
         if kind != "optim":
             raise ValueError(f"state entry {name!r} is not the optimizer's")
-        i, _, k = rest.partition(".")
-        opt_state.setdefault(int(i), {})[k] = t
+        i, k = index(rest)
+        opt_state.setdefault(i, {})[k] = t
     for key, v in meta.get("optim_scalars", {}).items():
-        i, _, k = key.partition(".")
-        opt_state.setdefault(int(i), {})[k] = v
+        i, k = index(key)
+        opt_state.setdefault(i, {})[k] = v
     optimizer.load_state_dict({"state": opt_state, "param_groups": meta["param_groups"]})
 
 

@@ -511,9 +511,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--out", metavar="PT", default=MODEL, help=f"where to write it (default: {MODEL})")
     x.add_argument(
         "--format",
-        choices=("pt", "safetensors"),
+        choices=("pt", "safetensors", "dcp"),
         default=None,
-        help="pt (torch.load) or safetensors (needs the safetensors package); default: safetensors when --out ends in .safetensors, else pt",
+        help="pt (torch.load), safetensors (needs the safetensors package), or dcp (--out is a folder: the whole state, model and optimizer, "
+        "as a torch.distributed.checkpoint checkpoint: docs/tasks.md); default: safetensors when --out ends in .safetensors, else pt",
     )
     return p
 
@@ -523,6 +524,10 @@ def cmd_export(args: argparse.Namespace, out: TextIO) -> int:
 
     try:
         fmt = export.format_of(args.out, args.format)
+        if fmt == "dcp":
+            rec = export.export_dcp(args.path, args.out, build_model=lambda: _run_model(args.path))
+            print(f"wrote {rec['path']}: the whole state of {args.path} as a DCP checkpoint ({rec['bytes'] / 1e6:.1f} MB): docs/tasks.md says how to load it", file=out)
+            return EXIT_OK
         rec = export.write_model(export.load_full_model(args.path, build_model=lambda: _run_model(args.path)), args.out, fmt)
     except export.ExportError as e:
         raise UsageError(str(e)) from None

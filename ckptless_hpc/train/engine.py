@@ -35,16 +35,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..state.snapshot import Entries, Piece, apply_model_state, apply_optimizer_state, apply_state, collect_state
+from ..state.snapshot import Entries, Piece, apply_model_state, apply_optimizer_state
 from ..state.views import UserView, model_tensors
 from ..tasks.base import set_lr
-from ..config import reduction
+from . import strategy as strategies
 from .data import Feed, forward_seed, make_feed
 from .evaluation import MetricSums, ValSource, eval_indices, split_loss
-from .fixed import FixedReduce
-from .replicated import BucketedGrads, BufferSync
-from .fsdp_strategy import FSDPStrategy
-from .zero import ZeroPartition
+from .replicated import BufferSync
 
 PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 _Schedulers = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
@@ -108,7 +105,8 @@ def _step_end_hook(task: Any, mode: str) -> Optional[Callable[[torch.nn.Module, 
 
 
 class Engine:
-    """Model, optimizer, scheduler, scaler and data feed of one worker, for any generation."""
+    """Model, optimizer, scheduler, scaler and data feed of one worker, for any generation; what
+    differs between the parallel modes is its ``strategy`` (train/strategy.py)."""
 
     def __init__(self, cfg: Any, task: Any, device: torch.device, world: int, close_fds: Sequence[int] = ()) -> None:
         t = cfg.train
@@ -117,6 +115,10 @@ class Engine:
         torch.manual_seed(t.seed)
         self.model = task.build_model().to(device)
         _refuse_sync_batchnorm(self.model)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError(f"{type(task).__name__}.build_model() has no trainable parameters. HINT: leave requires_grad=True on what should train")
+        self.n_params = sum(p.numel() for p in params)
         # what a user takes away (state/views.py), read once from the plain model: its hooks may communicate once it is sharded
         self.user_view = UserView.of(self.model)
         self._user_view = self.user_view.to_json([n for n, _ in model_tensors(self.model)])
@@ -125,20 +127,12 @@ class Engine:
         self.run_model = torch.compile(self.model, backend=str(t.get("compile_backend", "inductor"))) if t.get("compile", False) else self.model
         self.mode = str(cfg.parallel.mode) if "parallel" in cfg else "ddp"
         self.optimizer = task.build_optimizer(self.model, cfg.optim)
-        self.zero: Optional[ZeroPartition] = None  # parallel=zero: built once the rank is known
-        self.scheduler = _build_scheduler(task, self.optimizer, cfg) if self.mode == "ddp" else None
-        self.fsdp: Optional[FSDPStrategy] = FSDPStrategy(self) if self.mode in ("fsdp", "hsdp") else None
+        self.scheduler: Any = None
+        self.strategy: strategies.Strategy = strategies.make(self)
+        if not self.strategy.sharded:  # a sharded mode builds it with the rank's part of the optimizer
+            self.scheduler = self.build_scheduler()
         self.amp_dtype = PRECISIONS[t.precision]
         self.scaler = torch.amp.GradScaler(device.type) if t.precision == "fp16" else None
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if not params:
-            raise ValueError(f"{type(task).__name__}.build_model() has no trainable parameters. HINT: leave requires_grad=True on what should train")
-        self.n_params = sum(p.numel() for p in params)
-        # FSDP2 reduces its own gradients; the replicated strategy and ZeRO use fixed buckets
-        self.grads = BucketedGrads(params, int(float(t.bucket_mb) * (1 << 20)), device) if self.fsdp is None else None
-        # train.reduction=fixed: the sum over the ranks in one fixed tree (train/fixed.py), one plan per generation
-        self.fixed = reduction(cfg) == "fixed" and self.fsdp is None
-        self._plan: Optional[FixedReduce] = None
         self.buffers = BufferSync(self.model)
         self._loss_sum = torch.zeros(1, dtype=torch.float64, device=device)
         self.metrics = MetricSums(f"{type(task).__name__}.loss")
@@ -155,91 +149,54 @@ class Engine:
     # ------------------------------------------------------------------ generations
     @property
     def sharded(self) -> bool:
-        return self.mode != "ddp"
+        return self.strategy.sharded
 
     def take_rank(self, rank: int) -> None:
         """This process is rank ``rank`` from now on (a rank never changes for a process): a
         sharded mode builds the rank's part of the optimizer (and its scheduler) here, before
         any state is loaded into it."""
-        if self.mode == "zero" and self.zero is None:
-            self.zero = ZeroPartition(self.model, self.optimizer, self.world, rank)
-            self.optimizer = self.zero.own.optimizer
-            self.scheduler = self.zero.own.scheduler = self.build_scheduler()
+        self.strategy.take_rank(rank)
 
     def build_scheduler(self, optimizer: Optional[torch.optim.Optimizer] = None) -> Any:
         return _build_scheduler(self.task, optimizer or self.optimizer, self.cfg)
 
     def hold(self, ranks: Sequence[int]) -> None:
-        """The ranks this process trains (its own; in a job that shrank, lost ones too). ZeRO
-        steps their parts of the optimizer (train/zero.py): a part adopted now is built fresh and
-        its state loaded next (:meth:`apply` with its ``shard``); a part handed back goes."""
-        if self.zero is not None:
-            self.zero.hold(ranks, self.build_scheduler)
+        """The ranks this process trains (its own; in a job that shrank, lost ones too): ZeRO
+        steps their parts of the optimizer (train/zero.py)."""
+        self.strategy.hold(ranks)
 
     def shards(self) -> List[int]:
         """The shards whose state this process holds live: its rank's, and under ZeRO the lost
         ranks' it steps in a job that shrank."""
-        return [self.zero.rank, *sorted(self.zero.adopted)] if self.zero is not None else []
-
-    def _parts(self) -> List[Tuple[torch.optim.Optimizer, Any]]:
-        """Each optimizer this process steps, with its scheduler: one, or ZeRO's parts."""
-        if self.zero is None:
-            return [(self.optimizer, self.scheduler)]
-        return [(p.optimizer, p.scheduler) for p in self.zero.parts()]
+        return self.strategy.shards()
 
     def bind(self, comm: Any) -> None:
         """Train with this generation's communicator from now on (same rank numbers)."""
         self.take_rank(comm.vranks[0])
         self.comm = comm
         self.feed.bind(comm.vranks[0])  # its own rank (a shrunk job's survivor trains the lost ones' too)
-        if self.fixed:
-            self._plan = FixedReduce(self.world, comm.holders or [[r] for r in range(self.world)], comm.rank)
-        elif comm.holders is not None:
-            raise ValueError(f"generation {comm.gen}: ranks {comm.vranks} on one process need train.reduction=fixed")
-        if self.zero is not None:
-            self.zero.stale = True  # the other owners' parameters come at the next step's start
-        if self.fsdp is not None:
-            self.fsdp.bind(comm)
-
-    def release(self, comm: Any) -> List[Any]:
-        """After a failed step: what of this generation must be let go of at once (FSDP: its
-        groups, wherever referenced); empty for the modes whose groups retire later."""
-        if self.fsdp is None:
-            return []
-        self.comm = None
-        return self.fsdp.release(comm)
+        self.strategy.bind(comm)
 
     def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
         """The groups of ``comm``'s generation this mode needs besides it (hsdp: the shard and
         replicate groups, train/fsdp.py, as ``comm.hsdp``), on the generation's store."""
-        if self.mode != "hsdp":
-            return
-        from .fsdp import form_hsdp_groups
-
-        shard_size = int(self.cfg.parallel.shard_size)
-        comm.hsdp = form_hsdp_groups(store, comm.gen, comm.rank, comm.world, shard_size, host, timeout_s, self.device, comm.backend)
+        self.strategy.form_groups(store, comm, host, timeout_s)
 
     def let_go(self, comm: Any) -> bool:
-        """After a failed or abandoned step: FSDP's groups are destroyed at once, in a thread (a
-        peer blocked with us in a group that did not fail here is released only then): True.
-        False: the caller keeps ``comm`` referenced and retires it once idle (destroying a stuck
-        gloo group could block)."""
-        if self.fsdp is None:
-            return False
-        from .fsdp import release_in_background
-
-        release_in_background(self.release(comm))
-        return True
+        """After a failed or abandoned step: True when the mode released the generation's groups
+        itself (FSDP: destroyed at once, in a thread); False: the caller keeps ``comm``
+        referenced and retires it once idle (destroying a stuck gloo group could block)."""
+        return self.strategy.let_go(comm)
 
     def warm_up(self) -> Optional[Dict[str, float]]:
         """A hot spare's throwaway FSDP2 shard and step, so that its first real ``fully_shard``
         is fast (docs/sharding.md): the timings, or None in a mode that needs none."""
-        return self.fsdp.warm_up() if self.fsdp is not None else None
+        return self.strategy.warm_up()
 
     def layout(self) -> Dict[str, int]:
         """For the worker's ``built`` message: the gradient buckets (none under FSDP2, which
         reduces its own) and the buffers synchronised from rank 0."""
-        return {"buckets": len(self.grads.buckets) if self.grads is not None else 0, "buffers": sum(len(b) for _, b in self.buffers.groups)}
+        return {**self.strategy.layout(), "buffers": sum(len(b) for _, b in self.buffers.groups)}
 
     @property
     def task_batches(self) -> bool:
@@ -254,6 +211,14 @@ class Engine:
     def add_loss(self, loss: torch.Tensor) -> None:
         self._loss_sum += loss.detach().to(torch.float64)
 
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def restart_sums(self) -> None:
+        """The loss and the task's metrics summed from zero (a step; the next rank a process trains)."""
+        self._loss_sum.zero_()
+        self.metrics.zero()
+
     def task_loss(self, batch: Any) -> torch.Tensor:
         """The task's loss on one micro-batch (under the caller's autocast); its own metrics, if
         it returns ``(loss, {...})``, are added to the step's sums."""
@@ -267,6 +232,10 @@ class Engine:
         self._reduced = self.metrics.vector(self._loss_sum)
         return self._reduced
 
+    def reduced(self, total: torch.Tensor) -> None:
+        """The reduced loss (and metrics) vector, where a strategy reduced it out of place."""
+        self._reduced = total
+
     def autocast(self) -> Any:
         if self.amp_dtype is None:
             return torch.autocast(self.device.type, enabled=False)
@@ -275,42 +244,17 @@ class Engine:
     def step(self, step: int, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> StepResult:
         comm, t = self.comm, self.cfg.train
         self.model.train()
-        if self.grads is not None:
-            self.grads.zero()
-        self._loss_sum.zero_()
-        self.metrics.zero()
+        self.restart_sums()
         if self.buffers:
             self.buffers.save()
-        if self.zero is not None and self.zero.stale:  # the owners' parameters of the last step
-            wait(self.zero.launch_sync(comm))
-            self.zero.land_sync()
-        norm = None
+        self.strategy.begin(comm, wait)  # ZeRO: the owners' parameters of the last step
         try:
-            if self.fsdp is not None:
-                futures = self.fsdp.forward_backward(step, comm)
-                on_backward()
-                futures = [comm.allreduce(self.reduction())] + futures
-            elif self._plan is not None and comm.holders is None:  # a rank per process: the all-to-alls start as backward fills the buckets
-                futures = self._fixed_overlapped(step, comm, self._plan, on_backward, wait)
-            elif self._plan is not None:
-                futures = self._fixed_step(step, comm, self._plan, on_backward, wait)
-            else:
-                futures = self._forward_backward(step, comm)
-                on_backward()
-                futures = self.grads.launch_rest() + [comm.allreduce(self.reduction())] + futures
-                self.grads.disarm()
-            wait(futures)
-            if self.fsdp is not None:  # a collective too: inside the step, which it can fail
-                norm = self.fsdp.grad_norm()
+            norm = self.strategy.forward_backward(step, comm, on_backward, wait)
             if self.buffers:
                 self.buffers.land()
         except BaseException:
             self.buffers.restore()
-            if self.fsdp is not None:
-                self.fsdp.discard()
-            else:
-                self.grads.disarm()
-                self.grads.renew()  # the failed generation's operations may still write into the old memory
+            self.strategy.discard()
             self._loss_sum = torch.zeros(1, dtype=torch.float64, device=self.device)
             raise
         self.state_step = None
@@ -321,79 +265,11 @@ class Engine:
         self.state_step = step + 1 if res.committed else step
         return res
 
-    def _forward_backward(self, step: int, comm: Any, launch: Optional[Callable[[torch.Tensor], Any]] = None) -> List[Any]:
-        broadcasts: List[Any] = []
-        for micro in range(self.micro_batches):
-            batch = self.feed.get(step, micro)
-            forward_seed(self.cfg.train.seed, step, comm.rank, micro)
-            last = micro == self.micro_batches - 1
-            if last:
-                self.grads.arm(comm, launch)
-            with self.autocast():
-                loss = self.task_loss(batch)
-            if last and self.buffers:  # the forward has updated them: rank 0's go to everyone
-                broadcasts = self.buffers.launch(comm)
-            self.add_loss(loss)
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-        return broadcasts
-
-    def _fixed_overlapped(self, step: int, comm: Any, plan: FixedReduce, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> List[Any]:
-        """train.reduction=fixed with a rank per process (a job that has not shrunk): each
-        bucket's all-to-all starts as backward fills it, as the all-reduce does; then each
-        process combines its chunks and the all-gathers bring them back (the same bits as
-        :meth:`_fixed_step`: the sum is elementwise). Returns the buffers' broadcasts."""
-        broadcasts = self._forward_backward(step, comm, launch=lambda bucket: plan.start(comm, [bucket]))
-        on_backward()
-        exchanges = self.grads.launch_rest() + [plan.start(comm, [self.reduction()])]
-        self.grads.disarm()
-        wait([x.future for x in exchanges])
-        wait([plan.gather(comm, x) for x in exchanges])
-        for bucket, x in zip(self.grads.buckets, exchanges):
-            bucket.copy_(x.out)
-        self._reduced = exchanges[-1].out
-        return broadcasts
-
-    def _fixed_step(self, step: int, comm: Any, plan: FixedReduce, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> List[Any]:
-        """train.reduction=fixed: each rank this process trains (its own; in a shrunk job the lost
-        ones' too) runs its micro-batches from the step's buffers, its gradient (the micro-batches
-        summed as autograd accumulates them) and loss kept apart; the sums over all ranks come from
-        the fixed tree, and the buffers from the process that trains rank 0, as rank 0's forwards
-        left them. Returns the buffers' broadcasts to wait on."""
-        leaves: Dict[int, List[torch.Tensor]] = {}
-        rank0: Optional[List[torch.Tensor]] = None
-        vranks = comm.vranks
-        for i, v in enumerate(vranks):
-            last = i == len(vranks) - 1
-            if i > 0:  # the next rank starts from the step's state, as on a process of its own
-                self.grads.zero()
-                self._loss_sum.zero_()
-                self.metrics.zero()
-                self.buffers.restore()
-            for micro in range(self.micro_batches):
-                batch = self.feed.get_for(step, micro, v)
-                forward_seed(self.cfg.train.seed, step, v, micro)
-                with self.autocast():
-                    loss = self.task_loss(batch)
-                self.add_loss(loss)
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            leaves[v] = [f if last else f.clone() for f in self.grads.flats] + [self.reduction().clone()]
-            if v == 0 and not last and self.buffers:
-                rank0 = self.buffers.snapshot()
-        if rank0 is not None:
-            self.buffers.restore(rank0)
-        on_backward()
-        broadcasts = self.buffers.launch(comm, plan.root) if self.buffers else []
-        *grads, self._reduced = plan.reduce(comm, plan.partials(leaves), wait)
-        for flat, g in zip(self.grads.flats, grads):
-            flat.copy_(g)
-        return broadcasts
-
     def _lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def _update(self, step: int, n: int, t: Any, norm: Optional[torch.Tensor] = None) -> StepResult:
-        if self.grads is not None:  # FSDP has averaged over the ranks (and the micro-batches: loss / K)
-            self.grads.divide(n)
+        self.strategy.divide(n)
         loss = float(self._reduced[0]) / n
         metrics = self.metrics.means(self._reduced, self.world, n)
         if not math.isfinite(loss):
@@ -401,13 +277,14 @@ class Engine:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if norm is None:
-            norm = self.grads.total_norm()
+            norm = self.strategy.grad_norm()
         grad_norm = float(norm)
         if self.scaler is None and not math.isfinite(grad_norm):
             return self._nonfinite(step, t, loss, grad_norm, metrics)
         if t.clip_grad_norm is not None:
-            (self.fsdp or self.grads).clip(float(t.clip_grad_norm), norm)
-        for optimizer, scheduler in self._parts():
+            self.strategy.clip(float(t.clip_grad_norm), norm)
+        parts = self.strategy.parts()
+        for optimizer, scheduler in parts:
             if scheduler is None:
                 set_lr(optimizer, self.cfg.optim, step, t.steps)
         lr = self._lr()
@@ -420,15 +297,14 @@ class Engine:
                 skipped = "overflow"
                 self.skipped["overflow"] += 1
         else:
-            for optimizer, _ in self._parts():
+            for optimizer, _ in parts:
                 optimizer.step()
-        if self.zero is not None:
-            self.zero.stale = True
+        self.strategy.stepped()
         self._step_scheduler(loss)
         return StepResult(loss, grad_norm, lr, skipped=skipped, metrics=metrics)
 
     def _step_scheduler(self, loss: float) -> None:
-        for _, scheduler in self._parts():
+        for _, scheduler in self.strategy.parts():
             if isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 scheduler.step(loss)
             elif scheduler is not None:
@@ -442,7 +318,7 @@ class Engine:
         if self.skipped["nonfinite"] >= skip_budget(t.steps, t.max_skipped_fraction):  # the same count on every rank: all stop here
             return StepResult(loss, grad_norm, lr, committed=False, over_budget=self.skipped["nonfinite"], metrics=metrics)
         self.skipped["nonfinite"] += 1
-        for _, scheduler in self._parts():
+        for _, scheduler in self.strategy.parts():
             if scheduler is not None and not isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 scheduler.step()  # the LR stays a function of the step index
         return StepResult(loss, grad_norm, lr, skipped="nonfinite", metrics=metrics)
@@ -457,9 +333,7 @@ class Engine:
         runs after the forwards, before the all-reduce is launched (the worker's fault point)."""
         assert self.val is not None, "evaluate() without train.eval_every"
         comm, batches = self.comm, int(self.cfg.train.eval_batches)
-        if self.zero is not None and self.zero.stale:
-            wait(self.zero.launch_sync(comm))
-            self.zero.land_sync()
+        self.strategy.begin(comm, wait)
         sums = MetricSums(f"{type(self.task).__name__}.evaluate")
         self.model.eval()
         try:
@@ -467,14 +341,13 @@ class Engine:
                 for index, weight in eval_indices(comm.rank, comm.world, batches):
                     batch = self.val.batch(index, comm.rank, comm.world)
                     with self.autocast():
-                        out = self.task.evaluate(self.run_model, batch) if self.fsdp is None else self.fsdp.evaluate(batch)
+                        out = self.strategy.evaluate(batch)
                     sums.add(out, self.device, weight)
             total = sums.vector(torch.zeros(1, dtype=torch.float64, device=self.device))
             before_reduce()
             wait([comm.allreduce(total)])
         except BaseException:
-            if self.fsdp is not None:
-                self.fsdp.discard()
+            self.strategy.discard()
             raise
         finally:
             self.model.train()
@@ -490,19 +363,14 @@ class Engine:
     def collect(self, step: int, shard: Optional[int] = None) -> Tuple[Entries, Dict[str, Any]]:
         """The state of ``step`` this rank holds: all of it (ddp), or its shard (views, no copies);
         ``shard``: under ZeRO, that of a lost rank this process steps in a job that shrank."""
-        part = self.zero.part(shard) if self.zero is not None else None
-        scheduler = part.scheduler if part is not None else self.scheduler
+        scheduler = self.strategy.scheduler_of(shard)
         extra = {
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "skipped": dict(self.skipped),
             "user_view": self._user_view,
         }
-        if self.fsdp is not None:
-            return self.fsdp.collect(step, extra)
-        if part is not None:
-            return collect_state(self.model, part.optimizer, self.task, step, extra, model_keys=part.model_keys)
-        return collect_state(self.model, self.optimizer, self.task, step, extra)
+        return self.strategy.collect(step, extra, shard)
 
     def build_model(self) -> torch.nn.Module:
         """A fresh, plain model of the task, to present a state through its own hooks (state/views.py); the RNG is left as it was."""
@@ -513,22 +381,9 @@ class Engine:
         """Load a state (a shard, in a sharded mode) into this rank. The optimizer keeps the
         tensors it is given: ``copy`` for buffers the caller reuses (a snapshot). ``shard``: a
         lost rank's (ZeRO, a job that shrank: :meth:`hold`), at the step of this rank's own."""
-        if self.fsdp is not None:  # copied in place: nothing is aliased
-            self.fsdp.apply(entries, meta)
-            if self.fsdp.binding is None:  # all of it once sharded, at its first bind
-                return
-        else:
-            if copy:
-                entries = [(n, t.clone()) for n, t in entries]
-            part = self.zero.part(shard) if self.zero is not None else None
-            apply_state(self.model, part.optimizer if part else self.optimizer, self.task, entries, meta, model_keys=part.model_keys if part else None)
-            if part is not None and part is not self.zero.own:  # a lost rank's part: its own scheduler; the rest is this rank's
-                if part.scheduler is not None and meta.get("scheduler") is not None:
-                    part.scheduler.load_state_dict(meta["scheduler"])
-                self.zero.stale = True
-                return
-        self.apply_meta(meta)
-        self.state_step = int(meta["step"])
+        if self.strategy.apply(entries, meta, copy, shard):
+            self.apply_meta(meta)
+            self.state_step = int(meta["step"])
 
     def apply_first(self, entries: Entries, meta: Dict[str, Any]) -> None:
         """Parameters first (the replicated strategy): the model's and the task's part of a state
@@ -542,12 +397,11 @@ class Engine:
 
     def apply_rest(self, entries: Entries, meta: Dict[str, Any]) -> None:
         """The optimizer's part of the state :meth:`apply_first` started (the tensors are kept)."""
-        apply_optimizer_state(self.optimizer, entries, meta)
+        apply_optimizer_state(self.optimizer, entries, meta, self.model)
         self.state_step = int(meta["step"])
 
     def apply_meta(self, meta: Dict[str, Any]) -> None:
-        if self.zero is not None:
-            self.zero.stale = True
+        self.strategy.stepped()
         if self.scheduler is not None and meta.get("scheduler") is not None:
             self.scheduler.load_state_dict(meta["scheduler"])
         if self.scaler is not None and meta.get("scaler"):

@@ -18,7 +18,7 @@ fail here (HSDP's cross-replica all-reduce) is released only when the group is d
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -39,11 +39,50 @@ def _is_comm_error(e: BaseException) -> bool:
 
 
 class FSDPStrategy:
+    """``parallel=fsdp|hsdp`` (train/strategy.py)."""
+
+    sharded = True
+
     def __init__(self, engine: Any) -> None:
         self.e = engine
         self.binding: Optional[fsdp.FSDPBinding] = None
         self._pending: Optional[Tuple[Entries, Dict[str, Any]]] = None
+        self._norm: Optional[torch.Tensor] = None
         self.warm: Dict[str, float] = {}
+
+    # ------------------------------------------------------------------ generations
+    def take_rank(self, rank: int) -> None:
+        pass  # sharded (and given its optimizer) at the first bind, when the group exists
+
+    def hold(self, ranks: Any) -> None:
+        pass
+
+    def shards(self) -> List[int]:
+        return []
+
+    def parts(self) -> List[Tuple[torch.optim.Optimizer, Any]]:
+        return [(self.e.optimizer, self.e.scheduler)]
+
+    def scheduler_of(self, shard: Optional[int]) -> Any:
+        return self.e.scheduler
+
+    def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
+        """hsdp: the generation's shard and replicate groups (train/fsdp.py), as ``comm.hsdp``."""
+        e = self.e
+        if e.mode != "hsdp":
+            return
+        shard_size = int(e.cfg.parallel.shard_size)
+        comm.hsdp = fsdp.form_hsdp_groups(store, comm.gen, comm.rank, comm.world, shard_size, host, timeout_s, e.device, comm.backend)
+
+    def let_go(self, comm: Any) -> bool:
+        """FSDP's groups are destroyed at once, in a thread (a peer blocked with us in a group
+        that did not fail here is released only then)."""
+        self.e.comm = None
+        fsdp.release_in_background(self.release(comm))
+        return True
+
+    def layout(self) -> Dict[str, int]:
+        return {"buckets": 0}  # FSDP2 reduces its own gradients
 
     # ------------------------------------------------------------------ set-up
     def shard_kwargs(self) -> Dict[str, Any]:
@@ -103,7 +142,20 @@ class FSDPStrategy:
         return objs
 
     # ------------------------------------------------------------------ one step
-    def forward_backward(self, step: int, comm: Any) -> List[Any]:
+    def begin(self, comm: Any, wait: Callable[[List[Any]], None]) -> None:
+        self._norm = None
+
+    def forward_backward(self, step: int, comm: Any, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> Optional[torch.Tensor]:
+        """FSDP2's all-gathers and reduce-scatters run inside forward and backward; the loss's
+        all-reduce and the buffers' broadcast are waited on, then the norm (a collective too:
+        inside the step, which it can fail)."""
+        futures = self._forward_backward(step, comm)
+        on_backward()
+        wait([comm.allreduce(self.e.reduction())] + futures)
+        self._norm = self._collective_norm()
+        return self._norm
+
+    def _forward_backward(self, step: int, comm: Any) -> List[Any]:
         e = self.e
         assert self.binding is not None
         e.optimizer.zero_grad(set_to_none=True)
@@ -142,7 +194,17 @@ class FSDPStrategy:
                 raise StepFailed(f"evaluation: {err}") from None
             raise
 
+    def divide(self, n: int) -> None:
+        pass  # FSDP has averaged over the ranks (and the micro-batches: loss / K)
+
     def grad_norm(self) -> torch.Tensor:
+        assert self._norm is not None, "the norm is computed inside the step (forward_backward)"
+        return self._norm
+
+    def stepped(self) -> None:
+        pass
+
+    def _collective_norm(self) -> torch.Tensor:
         assert self.binding is not None
         try:
             return self.binding.grad_norm()
@@ -160,7 +222,7 @@ class FSDPStrategy:
             self.binding.reset()
 
     # ------------------------------------------------------------------ state
-    def collect(self, step: int, extra: Dict[str, Any]) -> Tuple[Entries, Dict[str, Any]]:
+    def collect(self, step: int, extra: Dict[str, Any], shard: Optional[int] = None) -> Tuple[Entries, Dict[str, Any]]:
         e = self.e
         entries = fsdp.own_entries(e.model, e.optimizer if self.binding is not None else None)
         task_scalars: Dict[str, Any] = {}
@@ -170,14 +232,18 @@ class FSDPStrategy:
             else:
                 task_scalars[k] = v
         hyper = [{k: v for k, v in g.items() if k != "params"} for g in e.optimizer.param_groups]
-        meta = {"step": step, "hyper": hyper, "task_scalars": task_scalars, **extra}
+        name_of = {id(p): n for n, p in e.model.named_parameters()}
+        groups = [[name_of[id(p)] for p in g["params"]] for g in e.optimizer.param_groups]  # the optimizer's parameters by name (state/dcp.py)
+        meta = {"step": step, "hyper": hyper, "groups": groups, "task_scalars": task_scalars, **extra}
         return entries, plain_meta(meta)
 
-    def apply(self, entries: Entries, meta: Dict[str, Any]) -> None:
+    def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False, shard: Optional[int] = None) -> bool:
+        """Copied in place (nothing is aliased, ``copy`` or not); False while the model is not yet
+        sharded (a promoted spare: applied, with its metadata, at its first bind)."""
         e = self.e
-        if self.binding is None:  # a promoted spare: sharded (and given its optimizer) at its first bind
+        if self.binding is None:
             self._pending = (entries, meta)
-            return
+            return False
         own = [(n, t) for n, t in entries if not n.startswith("task/")]
         fsdp.load_own(e.model, e.optimizer, own)
         task_sd: Dict[str, Any] = dict(meta.get("task_scalars", {}))
@@ -187,3 +253,4 @@ class FSDPStrategy:
         for g, h in zip(e.optimizer.param_groups, meta.get("hyper", [])):
             for k, v in h.items():
                 g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
+        return True

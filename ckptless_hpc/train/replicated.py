@@ -1,5 +1,6 @@
-"""The replicated (data-parallel) strategy: gradients reduced in fixed buckets, buffers
-broadcast from rank 0, as torch DDP does by default.
+"""The replicated (data-parallel) strategy, :class:`Replicated` (``parallel=ddp``): gradients
+reduced in fixed buckets (or the fixed tree, train/fixed.py), buffers broadcast from rank 0, as
+torch DDP does by default.
 
 Gradients are views of flat buffers, one per parameter dtype, laid out in reverse parameter
 order (the order backward produces them) and cut into buckets of ``train.bucket_mb``. On the
@@ -10,9 +11,13 @@ Fixed boundaries and a fixed order keep the result bitwise reproducible.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+
+from ..config import reduction
+from ..state.snapshot import Entries, apply_state, collect_state
+from .fixed import FixedReduce
 
 
 class BucketedGrads:
@@ -155,3 +160,172 @@ class BufferSync:
                     b.copy_(values[off : off + b.numel()].view_as(b))
                     off += b.numel()
         self._packed = []
+
+
+class Replicated:
+    """``parallel=ddp``: every rank holds the whole state (train/strategy.py). Gradients land in
+    :class:`BucketedGrads`; they are summed by the buckets' all-reduce, overlapped with the last
+    backward, or (``train.reduction=fixed``) in the fixed tree over the ranks (train/fixed.py),
+    the same bits whatever the number of processes, which a job that shrinks needs."""
+
+    sharded = False
+
+    def __init__(self, engine: Any) -> None:
+        e = self.e = engine
+        t = e.cfg.train
+        params = [p for p in e.model.parameters() if p.requires_grad]
+        self.grads = BucketedGrads(params, int(float(t.bucket_mb) * (1 << 20)), e.device)
+        self.fixed = reduction(e.cfg) == "fixed"
+        self._plan: Optional[FixedReduce] = None
+
+    # ------------------------------------------------------------------ generations
+    def take_rank(self, rank: int) -> None:
+        pass
+
+    def hold(self, ranks: Sequence[int]) -> None:
+        pass
+
+    def shards(self) -> List[int]:
+        return []
+
+    def parts(self) -> List[Tuple[torch.optim.Optimizer, Any]]:
+        return [(self.e.optimizer, self.e.scheduler)]
+
+    def scheduler_of(self, shard: Optional[int]) -> Any:
+        return self.e.scheduler
+
+    def bind(self, comm: Any) -> None:
+        if self.fixed:
+            self._plan = FixedReduce(self.e.world, comm.holders or [[r] for r in range(self.e.world)], comm.rank)
+        elif comm.holders is not None:
+            raise ValueError(f"generation {comm.gen}: ranks {comm.vranks} on one process need train.reduction=fixed")
+
+    def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
+        pass
+
+    def let_go(self, comm: Any) -> bool:
+        return False  # the caller keeps the generation referenced and retires it once idle
+
+    def warm_up(self) -> Optional[Dict[str, float]]:
+        return None
+
+    def layout(self) -> Dict[str, int]:
+        return {"buckets": len(self.grads.buckets)}
+
+    # ------------------------------------------------------------------ one step
+    def begin(self, comm: Any, wait: Callable[[List[Any]], None]) -> None:
+        self.grads.zero()
+
+    def forward_backward(self, step: int, comm: Any, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> Optional[torch.Tensor]:
+        e = self.e
+        if self._plan is not None and comm.holders is None:  # a rank per process: the all-to-alls start as backward fills the buckets
+            futures = self._fixed_overlapped(step, comm, self._plan, on_backward, wait)
+        elif self._plan is not None:
+            futures = self._fixed_step(step, comm, self._plan, on_backward, wait)
+        else:
+            futures = self._forward_backward(step, comm)
+            on_backward()
+            futures = self.grads.launch_rest() + [comm.allreduce(e.reduction())] + futures
+            self.grads.disarm()
+        wait(futures)
+        return None
+
+    def _forward_backward(self, step: int, comm: Any, launch: Optional[Callable[[torch.Tensor], Any]] = None) -> List[Any]:
+        e = self.e
+        broadcasts: List[Any] = []
+        for micro in range(e.micro_batches):
+            batch = e.feed.get(step, micro)
+            e.seed(step, comm.rank, micro)
+            last = micro == e.micro_batches - 1
+            if last:
+                self.grads.arm(comm, launch)
+            with e.autocast():
+                loss = e.task_loss(batch)
+            if last and e.buffers:  # the forward has updated them: rank 0's go to everyone
+                broadcasts = e.buffers.launch(comm)
+            e.add_loss(loss)
+            e.backward(loss)
+        return broadcasts
+
+    def _fixed_overlapped(self, step: int, comm: Any, plan: FixedReduce, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> List[Any]:
+        """train.reduction=fixed with a rank per process (a job that has not shrunk): each
+        bucket's all-to-all starts as backward fills it, as the all-reduce does; then each
+        process combines its chunks and the all-gathers bring them back (the same bits as
+        :meth:`_fixed_step`: the sum is elementwise). Returns the buffers' broadcasts."""
+        broadcasts = self._forward_backward(step, comm, launch=lambda bucket: plan.start(comm, [bucket]))
+        on_backward()
+        exchanges = self.grads.launch_rest() + [plan.start(comm, [self.e.reduction()])]
+        self.grads.disarm()
+        wait([x.future for x in exchanges])
+        wait([plan.gather(comm, x) for x in exchanges])
+        for bucket, x in zip(self.grads.buckets, exchanges):
+            bucket.copy_(x.out)
+        self.e.reduced(exchanges[-1].out)
+        return broadcasts
+
+    def _fixed_step(self, step: int, comm: Any, plan: FixedReduce, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> List[Any]:
+        """train.reduction=fixed: each rank this process trains (its own; in a shrunk job the lost
+        ones' too) runs its micro-batches from the step's buffers, its gradient (the micro-batches
+        summed as autograd accumulates them), loss and metrics kept apart; the sums over all
+        ranks come from the fixed tree, and the buffers from the process that trains rank 0, as
+        rank 0's forwards left them. Returns the buffers' broadcasts to wait on."""
+        e = self.e
+        leaves: Dict[int, List[torch.Tensor]] = {}
+        rank0: Optional[List[torch.Tensor]] = None
+        vranks = comm.vranks
+        for i, v in enumerate(vranks):
+            last = i == len(vranks) - 1
+            if i > 0:  # the next rank starts from the step's state, as on a process of its own
+                self.grads.zero()
+                e.restart_sums()
+                e.buffers.restore()
+            for micro in range(e.micro_batches):
+                batch = e.feed.get_for(step, micro, v)
+                e.seed(step, v, micro)
+                with e.autocast():
+                    loss = e.task_loss(batch)
+                e.add_loss(loss)
+                e.backward(loss)
+            leaves[v] = [f if last else f.clone() for f in self.grads.flats] + [e.reduction().clone()]
+            if v == 0 and not last and e.buffers:
+                rank0 = e.buffers.snapshot()
+        if rank0 is not None:
+            e.buffers.restore(rank0)
+        on_backward()
+        broadcasts = e.buffers.launch(comm, plan.root) if e.buffers else []
+        *grads, total = plan.reduce(comm, plan.partials(leaves), wait)
+        e.reduced(total)
+        for flat, g in zip(self.grads.flats, grads):
+            flat.copy_(g)
+        return broadcasts
+
+    def discard(self) -> None:
+        self.grads.disarm()
+        self.grads.renew()  # the failed generation's operations may still write into the old memory
+
+    def divide(self, n: int) -> None:
+        self.grads.divide(n)
+
+    def grad_norm(self) -> torch.Tensor:
+        return self.grads.total_norm()
+
+    def clip(self, max_norm: float, norm: torch.Tensor) -> None:
+        self.grads.clip(max_norm, norm)
+
+    def stepped(self) -> None:
+        pass
+
+    def evaluate(self, batch: Any) -> Any:
+        return self.e.task.evaluate(self.e.run_model, batch)
+
+    # ------------------------------------------------------------------ state
+    def collect(self, step: int, extra: Dict[str, Any], shard: Optional[int]) -> Tuple[Entries, Dict[str, Any]]:
+        e = self.e
+        return collect_state(e.model, e.optimizer, e.task, step, extra)
+
+    def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool, shard: Optional[int]) -> bool:
+        e = self.e
+        if copy:
+            entries = [(n, t.clone()) for n, t in entries]
+        apply_state(e.model, e.optimizer, e.task, entries, meta)
+        return True

@@ -27,7 +27,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
+from ..state.snapshot import apply_state, collect_state
 from ..state.views import model_tensors
+from .replicated import Replicated
 
 
 def partition(sizes: List[int], world: int) -> List[int]:
@@ -143,3 +145,76 @@ class ZeroPartition:
                     off += p.numel()
         self._flats = []
         self.stale = False
+
+
+class Zero(Replicated):
+    """``parallel=zero`` (train/strategy.py): the replicated strategy's gradients, the optimizer
+    partitioned (:class:`ZeroPartition`, built when the process gets its rank); before a step or an
+    evaluation the owners' parameters of the last step go to everyone."""
+
+    sharded = True
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__(engine)
+        self.partition: Optional[ZeroPartition] = None
+
+    def take_rank(self, rank: int) -> None:
+        e = self.e
+        if self.partition is None:
+            self.partition = ZeroPartition(e.model, e.optimizer, e.world, rank)
+            e.optimizer = self.partition.own.optimizer
+            e.scheduler = self.partition.own.scheduler = e.build_scheduler()
+
+    def hold(self, ranks: Sequence[int]) -> None:
+        """Step the parts of ``ranks`` (train/zero.py): a part adopted now is built fresh and its
+        state loaded next (:meth:`apply` with its ``shard``); a part handed back goes."""
+        assert self.partition is not None
+        self.partition.hold(ranks, self.e.build_scheduler)
+
+    def shards(self) -> List[int]:
+        z = self.partition
+        return [] if z is None else [z.rank, *sorted(z.adopted)]
+
+    def parts(self) -> List[Tuple[torch.optim.Optimizer, Any]]:
+        assert self.partition is not None
+        return [(p.optimizer, p.scheduler) for p in self.partition.parts()]
+
+    def scheduler_of(self, shard: Optional[int]) -> Any:
+        return self.partition.part(shard).scheduler if self.partition is not None else self.e.scheduler
+
+    def bind(self, comm: Any) -> None:
+        super().bind(comm)
+        self.stepped()  # the other owners' parameters come at the next step's start
+
+    def begin(self, comm: Any, wait: Callable[[List[Any]], None]) -> None:
+        super().begin(comm, wait)
+        z = self.partition
+        if z is not None and z.stale:  # the owners' parameters of the last step
+            wait(z.launch_sync(comm))
+            z.land_sync()
+
+    def stepped(self) -> None:
+        if self.partition is not None:
+            self.partition.stale = True
+
+    def collect(self, step: int, extra: Dict[str, Any], shard: Optional[int]) -> Tuple[Any, Dict[str, Any]]:
+        e = self.e
+        if self.partition is None:
+            return super().collect(step, extra, shard)
+        part = self.partition.part(shard)
+        return collect_state(e.model, part.optimizer, e.task, step, extra, model_keys=part.model_keys)
+
+    def apply(self, entries: Any, meta: Dict[str, Any], copy: bool, shard: Optional[int]) -> bool:
+        e = self.e
+        if self.partition is None:
+            return super().apply(entries, meta, copy, shard)
+        if copy:
+            entries = [(n, t.clone()) for n, t in entries]
+        part = self.partition.part(shard)
+        apply_state(e.model, part.optimizer, e.task, entries, meta, model_keys=part.model_keys)
+        self.stepped()
+        if part is self.partition.own:
+            return True
+        if part.scheduler is not None and meta.get("scheduler") is not None:  # a lost rank's part: its own scheduler; the rest is this rank's
+            part.scheduler.load_state_dict(meta["scheduler"])
+        return False

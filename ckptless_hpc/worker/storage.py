@@ -79,6 +79,10 @@ class StorageCopy:
             log.error("%s", e)
             self.client.send(ExportFailed(out, str(e)))
             return
+        except Exception as e:  # the task's own code (build_model, a state_dict hook): named, never a silent hang
+            log.exception("the final model could not be presented")
+            self.client.send(ExportFailed(out, f"presenting the model's state_dict() for {out} failed in the task's own code: {type(e).__name__}: {e}"))
+            return
         log.info("the trained model (step %d) is in %s (%.1f MB, sha256 %s)", step, out, rec["model"]["bytes"] / 1e6, rec["model"]["sha256"][:12])
         self.client.send(Exported(step, **rec))
 

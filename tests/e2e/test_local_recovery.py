@@ -157,3 +157,13 @@ def test_a_workers_own_error_is_the_jobs_error_not_a_lost_worker(job):
     assert s["status"] == "failed" and not s["recoveries"], s
     assert "the task's own bug at step 3" in s["error"] and "generation 0" in s["error"] and "rank " in s["error"], s["error"]
     assert "spare" not in s["error"]
+
+
+def test_a_job_that_commits_no_step_is_ended_as_stalled(job):
+    """train.stall_timeout_s: rank 1's data hangs at step 3 (its heartbeats go on, so no worker is
+    lost, and the collectives' own timeout is far): the job ends, status stalled, naming the step."""
+    tasks = str(Path(__file__).parent / "tasks_for_tests")
+    res = job("~task", "+task._target_=bad_tasks.StallsAtStep", "train.steps=8", "train.stall_timeout_s=6", "cluster.collective_timeout_s=600", env={"PYTHONPATH": tasks}, timeout_s=180)
+    assert res.rc == 1, res.out[-3000:]
+    s = res.summary
+    assert s["status"] == "stalled" and "after step 3" in s["error"] and "train.stall_timeout_s" in s["error"], s

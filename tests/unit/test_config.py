@@ -53,6 +53,10 @@ def test_slurm_group_switches_schema():
         ("train.data_workers=-1", "train.data_workers=-1: must be an integer >= 0"),
         ("train.prefetch=0", "train.prefetch=0: must be an integer >= 1"),
         ("train.bucket_mb=0", "train.bucket_mb=0.0: must be > 0"),
+        ("train.stall_timeout_s=0", "train.stall_timeout_s=0.0: must be > 0 or null"),
+        ("train.compile_backend=tvm", "train.compile_backend='tvm': unknown backend"),
+        ("parallel.param_dtype=bf16", "parallel.param_dtype='bf16': FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not ddp"),
+        ("parallel.reduce_dtype=int8", "parallel.reduce_dtype='int8': unknown dtype"),
     ],
 )
 def test_each_bad_value_is_named_with_a_hint(override, needle):

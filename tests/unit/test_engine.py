@@ -150,14 +150,14 @@ def test_one_reduction_per_step_whatever_the_accumulation():
     for k in (1, 4):
         e = _engine(T.BatchNormMLP(hidden=512), grad_accum=k, bucket_mb=0.005)
         _run(e, 0, 2)
-        buckets = len(e.grads.buckets)
+        buckets = len(e.strategy.grads.buckets)
         assert buckets >= 3
         per_step = buckets + 1 + 2  # the buckets, the loss, rank 0's buffers (two dtypes: float32, int64)
         assert len(e.comm.calls) == 2 * per_step, e.comm.calls
         assert [kind for kind, _ in e.comm.calls].count("broadcast") == 2 * 2
         # a bucket closes once it holds the limit: at most the limit plus one parameter (the largest, 32 x 512)
         limit = int(0.005 * (1 << 20)) // 4
-        assert max(b.numel() for b in e.grads.buckets) <= limit + 32 * 512
+        assert max(b.numel() for b in e.strategy.grads.buckets) <= limit + 32 * 512
 
 
 def test_an_abandoned_step_leaves_the_committed_state():
@@ -402,7 +402,7 @@ def test_what_the_worker_asks_of_the_engine_it_gets_through_methods():
     (hsdp only) and how a failed generation's group is let go of (FSDP2 at once, else retired)."""
     e = _engine(MLPTask())
     layout = e.layout()
-    assert layout == {"buckets": len(e.grads.buckets), "buffers": sum(len(b) for _, b in e.buffers.groups)} and layout["buckets"] >= 1
+    assert layout == {"buckets": len(e.strategy.grads.buckets), "buffers": sum(len(b) for _, b in e.buffers.groups)} and layout["buckets"] >= 1
     assert list(layout) == ["buckets", "buffers"]  # the built message's key order
     assert e.task_batches is (e.feed.batches.dataset is None)
     assert e.warm_up() is None  # ddp: nothing to pre-warm

@@ -123,7 +123,7 @@ def test_two_ranks_train_what_plain_pytorch_trains(case):
     engines, results = _train_two_ranks(make, cfg)
     want = plain_loop.train(make(), cfg).state_dict()
     if parallel == "zero":  # each rank's own parameters are current; the others' arrive at the next step
-        owned = [e.zero.own.model_keys for e in engines]
+        owned = [e.strategy.partition.own.model_keys for e in engines]
         got = {k: engines[0 if k in owned[0] else 1].model.state_dict()[k] for k in want}
     else:
         got = engines[0].model.state_dict()
@@ -192,7 +192,7 @@ def test_zero_fixed_reduction_trains_what_plain_pytorch_trains_and_each_shard_th
         holder = {v: e for e in engines for v in e.shards()}
         assert sorted(holder) == [0, 1, 2], f"{layout}: shards held {sorted(holder)}"
         shas = {v: state_sha256(*holder[v].collect(STEPS, shard=v)) for v in holder}
-        got = {k: holder[v].model.state_dict()[k] for v in holder for k in holder[v].zero.part(v).model_keys}
+        got = {k: holder[v].model.state_dict()[k] for v in holder for k in holder[v].strategy.partition.part(v).model_keys}
         if first is None:
             first = (shas, [r.loss for r in results[0]])
             _like_plain(case, got, want)

@@ -21,3 +21,14 @@ class RaisesAtStep(MLPTask):
     def on_step_end(self, model, optimizer, step):
         if step == 3:
             raise RuntimeError("the task's own bug at step 3")
+
+
+class StallsAtStep(MLPTask):
+    """Rank 1's batch of step 3 never comes (a data source that hangs: its heartbeats go on)."""
+
+    def batch(self, step, rank, world, generator):
+        if step == 3 and rank == 1:
+            import time
+
+            time.sleep(3600)
+        return super().batch(step, rank, world, generator)

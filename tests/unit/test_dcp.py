@@ -1,0 +1,115 @@
+"""The whole state as a torch.distributed.checkpoint checkpoint (state/dcp.py): a user restores
+model and optimizer with torch's own API, without this package, bitwise; from a replicated
+state, ZeRO's parts and FSDP2's shards; through ``ckptless-hpc export --format dcp``."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+from ckptless_hpc.state import dcp as state_dcp
+from ckptless_hpc.state import emergency, export
+from ckptless_hpc.state.snapshot import collect_state
+from ckptless_hpc.state.views import UserView, model_tensors
+from ckptless_hpc.tools.commands import main as tools_main
+from ckptless_hpc.train.zero import ZeroPartition
+from models.gpt import GPTTask
+from models.llama import LlamaTask
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _trained(task, steps=2, seed=0):
+    torch.manual_seed(seed)
+    model = task.build_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for s in range(steps):
+        task.loss(model, task.batch(s, 0, 1, torch.Generator().manual_seed(s))).backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def _meta(model):
+    return {"user_view": UserView.of(model).to_json([n for n, _ in model_tensors(model)])}
+
+
+def _restore(task, path):
+    """What a user does with torch alone (docs/tasks.md)."""
+    model = task.build_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sd = {"model": model.state_dict(), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.load(sd, checkpoint_id=str(path))
+    model.load_state_dict(sd["model"])
+    set_optimizer_state_dict(model, opt, sd["optim"])
+    return model, opt
+
+
+def _same(a_model, a_opt, b_model, b_opt):
+    for (n, x), (_, y) in zip(model_tensors(a_model), model_tensors(b_model)):
+        assert torch.equal(x, y), n
+    sa, sb = a_opt.state_dict(), b_opt.state_dict()
+    assert sa["state"].keys() == sb["state"].keys()
+    for i in sa["state"]:
+        for k, v in sa["state"][i].items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(sb["state"][i][k])), (i, k)
+    assert [g["lr"] for g in sa["param_groups"]] == [g["lr"] for g in sb["param_groups"]]
+
+
+def test_a_replicated_state_with_hooks_restores_through_torchs_own_api(tmp_path):
+    task = LlamaTask()
+    model, opt = _trained(task)
+    shard = collect_state(model, opt, task, 2, _meta(model))
+    user = export.full_model([shard], build_model=task.build_model)
+    state_dcp.write(str(tmp_path / "dcp"), [shard], user)
+    _same(model, opt, *_restore(task, tmp_path / "dcp"))
+
+
+def test_zeros_parts_merge_into_one_optimizer_state(tmp_path):
+    task = GPTTask()
+    model, opt = _trained(task)
+    zero = ZeroPartition(model, opt, 2, 0)
+    shards = []
+    for r in (0, 1):
+        part = zero._part(r)
+        part.optimizer.load_state_dict(_sub_state(opt, part.optimizer, model))
+        shards.append(collect_state(model, part.optimizer, task, 2, _meta(model), model_keys=part.model_keys))
+    state_dcp.write(str(tmp_path / "dcp"), shards, export.full_model(shards))
+    _same(model, opt, *_restore(task, tmp_path / "dcp"))
+
+
+def _sub_state(full, part, model):
+    """The full optimizer's state of the parameters a part steps, as that part's state_dict."""
+    index = {id(p): i for i, p in enumerate(p for g in full.param_groups for p in g["params"])}
+    sd = full.state_dict()
+    mine = [p for g in part.param_groups for p in g["params"]]
+    groups = part.state_dict()["param_groups"]
+    return {"state": {j: sd["state"][index[id(p)]] for j, p in enumerate(mine) if index[id(p)] in sd["state"]}, "param_groups": groups}
+
+
+def test_fsdp_shards_join_into_one_state(tmp_path):
+    task = GPTTask()
+    model, opt = _trained(task)
+    names = {id(p): n for n, p in model.named_parameters()}
+    shards = []
+    for r in range(2):  # what FSDP2's ranks hold: dim-0 chunks of parameters and of their optimizer state
+        entries = [(f"param/{n}", p.detach().chunk(2)[r]) for n, p in model.named_parameters()]
+        entries += [(f"buffer/{n}", b) for n, b in model.named_buffers()]
+        for p, st in opt.state.items():
+            entries += [(f"optim/{names[id(p)]}/{k}", v if v.dim() == 0 else v.chunk(2)[r]) for k, v in sorted(st.items())]
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        shards.append((entries, {"step": 2, "hyper": hyper, "groups": [[names[id(p)] for p in g["params"]] for g in opt.param_groups], **_meta(model)}))
+    state_dcp.write(str(tmp_path / "dcp"), shards, export.full_model(shards))
+    _same(model, opt, *_restore(task, tmp_path / "dcp"))
+
+
+def test_export_format_dcp_of_a_saved_state(tmp_path):
+    task = GPTTask()
+    model, opt = _trained(task)
+    emergency.write(str(tmp_path / "state.pt"), *collect_state(model, opt, task, 2, _meta(model)))
+    assert tools_main(["export", str(tmp_path / "state.pt"), "--out", str(tmp_path / "out"), "--format", "dcp"], out=io.StringIO()) == 0
+    _same(model, opt, *_restore(task, tmp_path / "out"))
