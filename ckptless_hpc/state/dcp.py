@@ -47,6 +47,8 @@ def optimizer_state(shards: Sequence[Shard]) -> Dict[str, Any]:
                     parts.setdefault((fqn, key), []).append(t)
             _merge_groups(groups, [{**h, "params": list(names)} for h, names in zip(meta["hyper"], meta.get("groups") or [[] for _ in meta["hyper"]])])
             continue
+        if "param_groups" not in meta:  # a model without optimizer state (a model-only copy)
+            continue
         names = meta.get("param_names")
         if names is None:
             raise ValueError("the state was written before its optimizer state was kept by parameter name. HINT: export it with --format pt")

@@ -1,11 +1,13 @@
 """The training engine: builds model, optimizer, LR scheduler and grad scaler from the task,
 binds to one generation's communicator, runs one step, and gives and takes the state.
 
-One step (``train.grad_accum = K`` micro-batches per rank):
+What differs between the parallel modes is the engine's ``strategy`` (:mod:`.strategy`: how a
+rank holds the state, how gradients are reduced, what a generation's groups are); the rest is
+here. One step (``train.grad_accum = K`` micro-batches per rank):
 
-1. for each micro-batch: seed, forward (under autocast for bf16/fp16), backward; gradients
-   accumulate in the flat buffers; the last backward launches the bucket allreduces and rank 0's
-   buffers are broadcast (:mod:`.replicated`);
+1. for each micro-batch: seed, forward (under autocast for bf16/fp16), backward; the strategy
+   reduces the gradients (the replicated one: the last backward launches the bucket allreduces,
+   :mod:`.replicated`) and rank 0's buffers are broadcast;
 2. wait for every collective (interruptibly: the worker's ``wait``); a step that fails here
    leaves the state exactly as committed (buffers put back, no optimizer step);
 3. gradient = sum over ranks and micro-batches / (world * K): the mean over the global batch;

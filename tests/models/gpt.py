@@ -4,7 +4,7 @@ causal mask as a bool non-persistent buffer."""
 
 from __future__ import annotations
 
-from typing import List
+from typing import Any, List
 
 import torch
 import torch.nn.functional as F
@@ -71,11 +71,21 @@ class GPT(nn.Module):
 
 
 class GPTTask(Task):
-    def __init__(self, vocab: int = 40, d: int = 16, n_layer: int = 2, batch_size: int = 4, seq_len: int = 12) -> None:
+    """GPT-2 as Hugging Face writes it. Three blocks: under ZeRO on two ranks the tied embedding
+    is then owned by rank 1 (the condition of the stale-alias failure). SGD with momentum, not
+    AdamW: the key part of ``c_attn.bias`` has an analytically zero gradient (softmax is blind to
+    a shift along a row), so its computed gradient is rounding noise, and Adam turns noise into
+    steps of +-lr whose sign any other summation order flips: equality with a plain loop could
+    not hold for it under any framework."""
+
+    def __init__(self, vocab: int = 40, d: int = 16, n_layer: int = 3, batch_size: int = 4, seq_len: int = 12) -> None:
         self.vocab, self.d, self.n_layer, self.batch_size, self.seq_len = vocab, d, n_layer, batch_size, seq_len
 
     def build_model(self) -> nn.Module:
         return GPT(self.vocab, self.d, self.n_layer, max_seq=self.seq_len + 4)
+
+    def build_optimizer(self, model: nn.Module, optim: Any) -> torch.optim.Optimizer:
+        return torch.optim.SGD(model.parameters(), lr=float(optim.lr), momentum=0.9, weight_decay=float(optim.weight_decay))
 
     def shard_units(self, model: nn.Module) -> List[nn.Module]:
         return list(model.transformer.h)  # the tied embedding and head stay with the root

@@ -44,6 +44,7 @@ CASES = [
     (M.LoadFailed("/r/e.pt", "damaged"), {"type": "load_failed", "path": "/r/e.pt", "error": "damaged"}, M.KINDS),
     (M.NonFinite(7, "nan", 1.0, 0, 2, 6, None), {"type": "nonfinite", "gen": 2, "rank": 0, "step": 7, "loss": "nan", "grad_norm": 1.0, "held": 6, "skipped": None}, M.KINDS),
     (M.StartupError(TB), {"type": "startup_error", "traceback": TB}, M.KINDS),
+    (M.WorkerFailed(TB, "rank 1 gen 2 step 5, assign"), {"type": "worker_failed", "traceback": TB, "during": "rank 1 gen 2 step 5, assign"}, M.KINDS),
     # coordinator -> worker
     (M.Config("j1", {"cluster": {}}, "10.0.0.9:4001", "/r", True), {"type": "config", "job": "j1", "config": {"cluster": {}}, "store": "10.0.0.9:4001", "run_dir": "/r", "spare": True}, M.TO_WORKER),
     (M.Assign(3, None, 8, 100, [], []), {"type": "assign", "gen": 3, "world": 8, "step": 100, "sources": [], "faults_done": []}, M.TO_WORKER),

@@ -106,7 +106,7 @@ def test_every_dtype_a_model_holds_is_copied_bitwise():
         woke.wait(0.5)
         woke.clear()
     got = dict(store.get(2, 1)[0])
-    assert all(got[n].dtype == t.dtype and torch.equal(got[n].view(torch.uint8), t.view(torch.uint8)) for n, t in entries)
+    assert all(got[n].dtype == t.dtype and torch.equal(got[n].reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8)) for n, t in entries)
     rep.close()
     server.close()
 
