@@ -87,10 +87,31 @@ def test_every_mode_carries_the_zoo_model(mode, model, job, baseline):
     assert diffs[worst] <= 1e-5, f"{mode}/{model}: {worst} differs from plain PyTorch by {diffs[worst]:.3g} of its magnitude; all: {diffs}"
     for alias, tensor in _ties(fresh).items():
         assert torch.equal(got[alias], got[tensor]), f"{alias} is not equal to {tensor}, the tensor it is tied to"
+    _restores_through_dcp(task, composed, res.run_dir / "final" / "dcp", got)
     out = res.run_dir / "exported.pt"
     assert tools_main(["export", str(res.run_dir), "--out", str(out)], out=io.StringIO()) == 0
     exported = torch.load(out, weights_only=True)
     assert exported.keys() == got.keys() and all(torch.equal(exported[k], got[k]) for k in got)
+
+
+def _restores_through_dcp(task, composed, path, want: dict) -> None:
+    """The final state's DCP copy restores with torch's own API alone (docs/tasks.md), into the
+    task's own model and optimizer: the model equal to final/model.pt, every parameter's optimizer
+    state a trained one (torch's API fills a fresh optimizer with zeros first)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    model = task.build_model()
+    opt = task.build_optimizer(model, composed.optim)
+    sd = {"model": model.state_dict(), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.load(sd, checkpoint_id=str(path))
+    model.load_state_dict(sd["model"])
+    set_optimizer_state_dict(model, opt, sd["optim"])
+    mine = model.state_dict()
+    assert mine.keys() == want.keys() and all(torch.equal(mine[k], want[k]) for k in want)
+    names = {id(p): n for n, p in model.named_parameters()}
+    blank = [names[id(p)] for g in opt.param_groups for p in g["params"] if not any(torch.is_tensor(v) and v.is_floating_point() and v.abs().max() > 0 for v in opt.state[p].values())]
+    assert not blank, f"final/dcp restored no optimizer state for {blank} (a fresh optimizer's zeros)"
 
 
 def _ties(model: torch.nn.Module) -> dict:
