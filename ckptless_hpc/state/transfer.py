@@ -199,8 +199,12 @@ def _send_entries(conn: socket.socket, entries: Entries, meta: Dict[str, Any], d
     wire.send_msg(conn, End(digest.hexdigest()).encode())
 
 
-def _recv_entries(sock: socket.socket, head: Dict[str, Any], arena: Optional["Arena"], peer: str, step: int, want: Optional["Want"] = None) -> "Received":
-    """The body after a state header: tensors, then a trailer whose checksum must match."""
+def _recv_entries(
+    sock: socket.socket, head: Dict[str, Any], arena: Optional["Arena"], peer: str, step: int, want: Optional["Want"] = None, reuse: Optional[Dict[str, torch.Tensor]] = None
+) -> "Received":
+    """The body after a state header: tensors, then a trailer whose checksum must match. Each
+    lands in ``reuse``'s tensor of its name where shape and dtype match, else in ``arena``, else
+    in fresh memory."""
     t0 = time.monotonic()
     want = want or Want(-1, step)
     entries: Entries = []
@@ -212,7 +216,9 @@ def _recv_entries(sock: socket.socket, head: Dict[str, Any], arena: Optional["Ar
             raise Unreadable(f"{e['name']}: dtype {e['dtype']} is not one this torch ({torch.__version__}) can hold")
         if not in_part(e["name"], want.part):
             raise TransferError(f"{peer} sent {e['name']}, which is not in the part asked for ({want.part})")
-        t = arena.take(e["shape"], dtype) if arena is not None else torch.empty(e["shape"], dtype=dtype)
+        t = (reuse or {}).get(e["name"])
+        if t is None or list(t.shape) != list(e["shape"]) or t.dtype != dtype:
+            t = arena.take(e["shape"], dtype) if arena is not None else torch.empty(e["shape"], dtype=dtype)
         mv = byte_view(t)
         for off in range(0, len(mv), SLICE):
             part = mv[off : off + SLICE]
@@ -250,10 +256,19 @@ def _send_big(sock: socket.socket, msg: Dict[str, Any]) -> None:
 class StateServer:
     """Serves this worker's committed state to authenticated peers (one thread per request)."""
 
-    def __init__(self, bind_host: str, secret: str, provider: Provider, describe: str = "", receiver: Optional[Receiver] = None) -> None:
+    def __init__(
+        self,
+        bind_host: str,
+        secret: str,
+        provider: Provider,
+        describe: str = "",
+        receiver: Optional[Receiver] = None,
+        landing: Optional[Callable[[int], Dict[str, torch.Tensor]]] = None,
+    ) -> None:
         self._secret = secret
         self._provider = provider
         self._receiver = receiver
+        self._landing = landing  # shard -> buffers its next pushed copy may land in
         self._describe = describe
         self._sock = socket.create_server((bind_host, 0), backlog=64)
         self.host = bind_host
@@ -301,7 +316,8 @@ class StateServer:
         conn.settimeout(HANDSHAKE_TIMEOUT_S * 6)
         head = _recv_big(conn)
         try:
-            got = _recv_entries(conn, head, None, "replica", int(req["step"]))
+            reuse = self._landing(int(req["shard"])) if self._landing is not None else None
+            got = _recv_entries(conn, head, None, "replica", int(req["step"]), reuse=reuse)
         except Unreadable as e:
             wire.send_msg(conn, Refused(str(e)).encode())
             raise

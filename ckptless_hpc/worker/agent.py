@@ -186,13 +186,13 @@ class Agent:
         batch_size = getattr(task, "batch_size", None)
         samples = batch_size * engine.micro_batches * world if isinstance(batch_size, int) else None
         self.shards = ShardCopies(cfg, self.me.secret, self.client, self.waiter.wake) if engine.sharded else None
-        receiver = self.shards.keep if self.shards is not None else None
+        receiver, landing = (self.shards.keep, self.shards.landing) if self.shards is not None else (None, None)
         self.periodic = PeriodicCopies(cfg, self.job.run_dir, self.client.send)
         self.peers = PeerState(cfg, engine, self.shards, self.me.secret, self.client, self.waiter, self.faults, self.standing, self.me.node)
         self.storage = StorageCopy(engine, self.client, self.shards, self.standing, self.peers.held_step, self.me.name)
         self.groups = Groups(cfg, engine, store_addr, self.me.secret, self.me.host, device, backend)
         self.steps = Steps(cfg, engine, self.client, self.standing, self.waiter, self.faults, self.peers, self.shards, self.periodic, self.groups, samples)
-        self.server = StateServer(self.me.host, self.me.secret, self.peers.provide, describe=f"[{self.me.node}] ", receiver=receiver)
+        self.server = StateServer(self.me.host, self.me.secret, self.peers.provide, describe=f"[{self.me.node}] ", receiver=receiver, landing=landing)
         self.standing.step = 0  # a freshly built model is the state of step 0 on every worker (seeded init)
         if self.job.spare:
             self._warm_up(state_bytes, device)

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from ..state.placement import REPLICATED_BY_COPIES
 from ..state.shards import Copy, Replicator, ShardStore
 from ..state.snapshot import state_nbytes
 from ..state.transfer import Received
 from .seams import EngineState, Sender
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("ckptless_hpc.worker")
 
@@ -173,6 +176,9 @@ class ShardCopies:
     # ------------------------------------------------------------------ serving
     def keep(self, gen: int, shard: int, step: int, got: Received) -> None:
         self.store.keep(shard, step, got)
+
+    def landing(self, shard: int) -> Dict[str, torch.Tensor]:
+        return self.store.landing(shard)
 
     def get(self, shard: int, step: int) -> Optional[Copy]:
         return self.store.get(shard, step)

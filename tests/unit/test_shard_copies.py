@@ -35,7 +35,7 @@ def _holder():
             raise StaleState(f"no copy of shard {shard} at {step}")
         return copy
 
-    server = StateServer("127.0.0.1", SECRET, provide, receiver=lambda gen, shard, step, got: store.keep(shard, step, got))
+    server = StateServer("127.0.0.1", SECRET, provide, receiver=lambda gen, shard, step, got: store.keep(shard, step, got), landing=store.landing)
     return store, server
 
 
@@ -198,3 +198,29 @@ def test_dry_run_shows_the_layout_and_where_each_copy_goes():
     assert any("survives 2 simultaneous node losses" in line for line in lines), lines
     assert "  rank 0's shard copied to rank(s) [1, 2]" in lines
     assert not any("every rank holds the full model" in line for line in lines)
+
+
+def test_a_copy_lands_in_the_buffers_of_the_copy_it_replaces_and_keeps_its_own_bytes():
+    """A holder receives each copy into the buffers of the copy it dropped (memory already
+    touched: a third of its CPU per copy), never into one it still keeps; every kept copy holds
+    its own step's bytes; a holder keeps no more copies than before (the durable one, the newest)."""
+    store, server = _holder()
+    woke = threading.Event()
+    rep = Replicator(SECRET, 10, on_error=lambda e: None, on_change=woke.set)
+    own = ShardStore()
+    ptrs = {}
+    for step in range(1, 6):
+        store.durable(step - 1)  # as in a job: step s-1 is durable once s commits, before s's copy is sent
+        rep.send(0, 3, step, own.snapshot(step, *_state(step)), [("127.0.0.1", server.port, "holder")])
+        deadline = time.monotonic() + 10
+        while not rep.is_confirmed(step):
+            assert time.monotonic() < deadline, "copy never acknowledged"
+            woke.wait(0.5)
+            woke.clear()
+        ptrs[step] = {n: t.data_ptr() for n, t in store.held[3][step][0]}
+        for kept in store.held[3]:  # what it keeps is each step's own state, untouched by the newest
+            assert state_sha256(*store.held[3][kept]) == state_sha256(*_state(kept)), (step, kept)
+    assert ptrs[3] == ptrs[1] and ptrs[4] == ptrs[2] and ptrs[5] == ptrs[3]  # step s lands where s-2 was
+    assert not set(ptrs[5].values()) & set(ptrs[4].values()) and sorted(store.held[3]) == [4, 5]
+    rep.close()
+    server.close()
