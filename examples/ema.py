@@ -2,7 +2,7 @@
 
 Run it (from the repository root, so that the worker processes can import ``examples.*``):
 
-    python -m ckptless_hpc hydra.searchpath=[file://$PWD/examples/conf] task=ema \\
+    python -m ckptless_hpc 'hydra.searchpath=[file://examples/conf]' task=ema \\
         train.steps=40 train.eval_every=10 fault=kill_worker fault.rank=1 fault.step=15
 
 - ``on_step_end(model, optimizer, step)`` runs on every rank after each committed optimizer

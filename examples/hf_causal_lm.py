@@ -9,12 +9,18 @@ Install and run (from the repository root, so that the worker processes can impo
 ``examples.hf_causal_lm``; elsewhere, put the repository on PYTHONPATH):
 
     pip install -e '.[examples]'            # transformers
-    python -m ckptless_hpc task._target_=examples.hf_causal_lm.HFCausalLMTask \\
+    python -m ckptless_hpc 'hydra.searchpath=[file://examples/conf]' task=hf_causal_lm \\
         train.steps=60 fault=kill_worker fault.rank=1 fault.step=20
 
-Options are constructor arguments, set on the command line (``+`` adds a key the built-in
-task config does not have): ``+task.n_layer=4 +task.n_embd=128 +task.dropout=0.0``, and any
-other config field of the architecture through ``+task.config='{rotary_pct:0.5}'``.
+Options are constructor arguments, set on the command line: ``task.n_layer=4 task.n_embd=128
+task.dropout=0.0``, and any other config field of the architecture through
+``task.config='{rotary_pct:0.5}'`` (the task config, examples/conf/task/hf_causal_lm.yaml, has
+every key). Without the config group, name the class and add its arguments (``~task`` drops the
+default task's keys, ``+`` adds keys; ``task._target_=...`` alone would pass the ``lm`` task's
+arguments to this class, and ``dry_run=true`` says so):
+
+    python -m ckptless_hpc '~task' +task._target_=examples.hf_causal_lm.HFCausalLMTask \\
+        +task.n_layer=4 train.steps=60
 
 Determinism (what makes a run with a killed worker end bitwise equal to a fault-free one):
 - the model is built under the seed the framework sets (random init, same on every worker);

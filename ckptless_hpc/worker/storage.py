@@ -9,6 +9,7 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from ..rundir import paths
 from ..state import emergency, export
 from ..control.client import exit_now
 from ..control.messages import Exported, ExportFailed, LoadFailed, Saved, SaveFailed
@@ -18,6 +19,21 @@ from .shard_copies import ShardCopies
 from .standing import Standing
 
 log = logging.getLogger("ckptless_hpc.worker")
+
+
+def copy_kind(path: str) -> str:
+    """What the state file at ``path`` is, told by where it lies (rundir/paths.py), for the log
+    line of a load: a periodic copy (saved/step<S>/), the final state (final/state/), the
+    emergency copy (the run's state/), else a saved copy (one a user moved elsewhere)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    parent, name = os.path.split(folder)
+    if os.path.basename(parent) == paths.SAVED and paths.step_of_folder(name) is not None:
+        return "a periodic copy"
+    if os.path.basename(parent) == paths.FINAL and name == paths.STATE:
+        return "the final state"
+    if paths.STATE in (name, os.path.basename(parent)):
+        return "the emergency copy"
+    return "a saved copy"
 
 
 class StorageCopy:
@@ -42,7 +58,7 @@ class StorageCopy:
             raise Aborted("load") from None
         self.engine.apply(entries, meta, shard=adopted)
         self.standing.step = int(meta["step"])  # the log lines' step follows at the generation's first commit
-        log.info("loaded the emergency copy of step %d from %s in %.2fs", self.standing.step, saved["path"], time.monotonic() - t0)
+        log.info("loaded %s of step %d from %s in %.2fs", copy_kind(saved["path"]), self.standing.step, saved["path"], time.monotonic() - t0)
 
     def save(self, path: str) -> Dict[str, Any]:
         """Write the committed state once (state/emergency.py: never over a newer copy, never a

@@ -7,8 +7,12 @@ skips with the reason, unless CKPTLESS_REQUIRE_EXAMPLES=1, where it fails: CI se
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -53,6 +57,34 @@ def test_plain_loop_survives_a_killed_worker(job, baseline):
     cfg = ("~task", "+task._target_=examples.plain_loop.RegressionTask", "+task.batch_size=16", "optim.lr=0.05", "train.steps=30", *FAST_HB)
     res = job(*cfg, *KILL)
     _assert_recovered_equal(res, baseline(*cfg))
+
+
+def documented_commands() -> list:
+    """(where, command) of every ``python -m ckptless_hpc ...`` command an example documents: in
+    its module docstring and in docs/tasks.md's shell blocks (those naming examples.*), with the
+    lines a trailing backslash continues."""
+    found = []
+    sources = [(f"examples/{p.name}", ast.get_docstring(ast.parse(p.read_text())) or "") for p in sorted((REPO / "examples").glob("*.py"))]
+    docs = (REPO / "docs" / "tasks.md").read_text()
+    sources.append(("docs/tasks.md", "\n".join(re.findall(r"```bash\n(.*?)```", docs, re.S))))
+    for where, text in sources:
+        for cmd in re.findall(r"python -m ckptless_hpc (?:[^\n]*\\\n)*[^\n]*", text):
+            cmd = re.sub(r"\s*#.*$", "", re.sub(r"\\\n\s*", " ", cmd))
+            if "examples" in cmd:
+                found.append((where, cmd))
+    return found
+
+
+def test_every_documented_example_command_passes_a_dry_run(tmp_path):
+    """Each example's documented command, as written (run from the repository root, as the
+    docstrings say), passes ``dry_run=true``: the class imports and takes the arguments given
+    (``task._target_=...`` alone, the lm task's arguments passed on, exits 2)."""
+    commands = documented_commands()
+    assert {w for w, _ in commands} >= {"examples/hf_causal_lm.py", "examples/plain_loop.py", "examples/ema.py", "docs/tasks.md"}, commands
+    for i, (where, cmd) in enumerate(commands):
+        line = f"{cmd} dry_run=true hydra.run.dir={tmp_path / str(i)}".replace("python -m ckptless_hpc", f"{sys.executable} -m ckptless_hpc", 1)
+        p = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert p.returncode == 0 and "configuration valid" in p.stdout, (where, cmd, p.stdout[-2000:], p.stderr[-2000:])
 
 
 def test_plain_loop_batches_are_an_epoch_permutation_split_over_ranks():

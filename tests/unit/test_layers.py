@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(60)
 PACKAGE = Path(__file__).resolve().parents[2] / "ckptless_hpc"
 
 LAYERS: List[Tuple[str, ...]] = [
-    ("cli", "__main__", "tools", "chaos"),
+    ("cli", "__main__", "reference", "tools", "chaos"),
     ("launch",),
     ("coordinator", "worker"),
     ("train", "state", "control"),
