@@ -29,7 +29,7 @@ DEVICES = ("auto", "cpu", "cuda")  # cluster.device (train/cuda.py resolves them
 COMMS = ("auto", "gloo", "nccl")  # cluster.comm
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("stop", "skip")
-PARALLEL_MODES = ("ddp", "zero", "fsdp", "hsdp")
+PARALLEL_MODES = ("ddp", "zero", "fsdp", "hsdp", "tp")
 MP_DTYPES = ("bf16", "fp16", "fp32")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # train.compile_backend  # parallel.param_dtype / reduce_dtype (FSDP2's MixedPrecisionPolicy)
 REDUCTIONS = ("auto", "allreduce", "fixed")
@@ -468,9 +468,12 @@ class ParallelConfig:
     mode: str = "ddp"
     """ddp: every rank holds all of it | zero: optimizer state sharded over the ranks |
     fsdp: parameters, gradients and optimizer state sharded (FSDP2) | hsdp: FSDP2 within a
-    shard group of shard_size ranks, replicated across groups placed on different nodes."""
+    shard group of shard_size ranks, replicated across groups placed on different nodes | tp:
+    tensor parallel in groups of tp ranks (the task's plan), replicated across groups."""
     shard_size: Optional[int] = None
     """hsdp: ranks per shard group (world must be a multiple)."""
+    tp: Optional[int] = None
+    """tp: ranks per tensor-parallel group, one replica of the model (world must be a multiple; the task gives the plan: Task.tp_plan)."""
     param_dtype: Optional[str] = None
     """fsdp|hsdp: FSDP2's MixedPrecisionPolicy param_dtype, the dtype parameters are gathered and computed in (null: theirs; bf16 | fp16 | fp32)."""
     reduce_dtype: Optional[str] = None
@@ -526,6 +529,9 @@ class ParallelConfig:
         if p.mode == "hsdp":
             ParallelConfig.check_hsdp(p.shard_size, need, shape, probes)
             return
+        if p.mode == "tp":
+            ParallelConfig.check_hsdp(p.get("tp"), need, shape, probes, field="parallel.tp", what="tp needs a tensor-parallel group size")
+            return
         if _is_int(r.factor) and r.factor >= 1:
             need(
                 r.factor <= c.nodes - 1,
@@ -536,22 +542,22 @@ class ParallelConfig:
             )
 
     @staticmethod
-    def check_hsdp(s: Any, need: Need, shape: Shape, probes: "Probes") -> None:
-        """parallel.shard_size under hsdp: a group size dividing the world into replicas on
-        different nodes (the node-loss check needs ``probes.hsdp_tolerance``)."""
+    def check_hsdp(s: Any, need: Need, shape: Shape, probes: "Probes", field: str = "parallel.shard_size", what: str = "hsdp needs a shard group size") -> None:
+        """parallel.shard_size under hsdp (parallel.tp under tp): a group size dividing the world
+        into replicas on different nodes (the node-loss check needs ``probes.hsdp_tolerance``)."""
         world = shape.world
         ok = _is_int(s) and s >= 1 and world >= 1 and world % s == 0 and world // s >= 2
         need(
             ok,
-            "parallel.shard_size",
+            field,
             s,
-            f"hsdp needs a shard group size that divides the world size {world} into at least 2 replicas",
-            f"e.g. parallel.shard_size={max(1, world // 2)} (world {world} = cluster.nodes x cluster.workers_per_node)",
+            f"{what} that divides the world size {world} into at least 2 replicas",
+            f"e.g. {field}={max(1, world // 2)} (world {world} = cluster.nodes x cluster.workers_per_node)",
         )
         if ok and probes.hsdp_tolerance is not None:
             need(
                 probes.hsdp_tolerance(world, shape.workers_per_node, s) >= 1,
-                "parallel.shard_size",
+                field,
                 s,
                 f"every replica of some shard lives on one node (cluster.nodes={shape.nodes}, cluster.workers_per_node={shape.workers_per_node}), so one node loss loses it",
                 "spread the job over at least 2 nodes (cluster.nodes=2 or more), so that the replicas of a shard sit on different nodes",
@@ -783,7 +789,7 @@ def reduction(cfg: Any) -> str:
 def resume_shards(cfg: Any) -> int:
     """Files of a saved state for this layout: one (ddp) or one per shard."""
     mode, world = cfg.parallel.mode, Shape.of(cfg).world
-    return {"ddp": 1, "zero": world, "fsdp": world}.get(mode, cfg.parallel.shard_size or 1)
+    return {"ddp": 1, "zero": world, "fsdp": world, "tp": cfg.parallel.get("tp") or 1}.get(mode, cfg.parallel.shard_size or 1)
 
 
 def global_batch(cfg: Any, batch_size: Any = None) -> str:

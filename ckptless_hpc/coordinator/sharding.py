@@ -1,4 +1,4 @@
-"""The coordinator's view of the state layout (parallel=ddp|zero|fsdp|hsdp): which shard each
+"""The coordinator's view of the state layout (parallel=ddp|zero|fsdp|hsdp|tp): which shard each
 rank holds, where its copies go, what the layout survives, and how the final state's
 fingerprint is made of the shards'. Pure decisions (state.placement) plus the bits of the
 assign message they produce; no I/O."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..state.placement import REPLICATED_BY_COPIES, layout_tolerance, place, shard_map, tolerance
+from ..state.placement import REPLICATED_BY_COPIES, group_size, layout_tolerance, place, shard_map, tolerance
 
 
 class Layout:
@@ -18,7 +18,7 @@ class Layout:
         self.mode = str(p.mode) if p is not None else "ddp"
         self.world = c.nodes * c.workers_per_node
         self.wpn = c.workers_per_node
-        self.shard_size = p.shard_size if p is not None else None
+        self.shard_size = group_size(p) if p is not None else None
         r = cfg.get("replication") if hasattr(cfg, "get") else getattr(cfg, "replication", None)
         self.factor = int(r.factor) if r is not None and self.mode in REPLICATED_BY_COPIES else 0
         self.every = int(r.every) if r is not None else 1
@@ -45,6 +45,7 @@ class Layout:
             "zero": f"optimizer state sharded over {self.world} ranks, {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each shard on other nodes every {self.every} step(s)",
             "fsdp": f"parameters and optimizer state sharded over {self.world} ranks (FSDP2), {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each shard on other nodes every {self.every} step(s)",
             "hsdp": f"FSDP2 in shard groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each shard",
+            "tp": f"tensor parallel in groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each TP coordinate's shard",
         }[self.mode]
         tail = "a lost shard ends the job on the last-resort path" if n < 1 else f"survives {n} simultaneous node loss{'es' if n != 1 else ''}"
         return f"parallel={self.mode}: {what}; {tail}"

@@ -60,8 +60,12 @@ def optimizer_state(shards: Sequence[Shard]) -> Dict[str, Any]:
             fqn, _, k = key.rpartition(".")
             state.setdefault(fqn, {})[k] = v
         _merge_groups(groups, [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[i] for i in g["params"]]} for g in meta["param_groups"]])
+    dims = shards[0][1].get("shard_dims") if shards else None  # tensor parallel: the dimension each sharded parameter is split along
     for (fqn, key), ts in parts.items():
-        state.setdefault(fqn, {})[key] = torch.cat(ts) if len(ts) > 1 and ts[0].dim() > 0 else ts[0]
+        if dims is not None and fqn not in dims:
+            state.setdefault(fqn, {})[key] = ts[0]  # replicated: whole in every shard
+            continue
+        state.setdefault(fqn, {})[key] = torch.cat(ts, dim=(dims or {}).get(fqn, 0)) if len(ts) > 1 and ts[0].dim() > 0 else ts[0]
     return {"state": state, "param_groups": groups}
 
 

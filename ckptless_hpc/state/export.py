@@ -42,9 +42,20 @@ class ExportError(Exception):
 def job_view(shards: Sequence[Tuple[List[Tuple[str, torch.Tensor]], Dict[str, Any]]]) -> Dict[str, torch.Tensor]:
     """The model's whole tensors (name -> tensor, the job's view: state/views.py) from the entries
     of every shard, in shard order: ``model.<name>`` whole (the first shard's where several hold
-    it), ``param/<name>`` dim-0 shards concatenated, ``buffer/<name>`` whole."""
+    it), ``param/<name>`` shards concatenated (FSDP2: along dim 0; tensor parallel: along the
+    dimension ``meta["shard_dims"]`` names, whole where it names none), ``buffer/<name>`` whole."""
     whole: Dict[str, torch.Tensor] = {}
     parts: Dict[str, List[torch.Tensor]] = {}
+    dims = shards[0][1].get("shard_dims") if shards else None
+    if dims is not None:  # tensor parallel: a parameter no plan shards is whole in every shard
+        for entries, _ in shards:
+            for name, t in entries:
+                n = name[len("param/") :]
+                if name.startswith("param/") and n not in dims:
+                    whole.setdefault(n, t)
+        joined = {n: torch.cat([t for e, _ in shards for name, t in e if name == f"param/{n}"], dim=d) for n, d in dims.items()}
+        shards = [([(name, t) for name, t in e if not name.startswith("param/")], m) for e, m in shards]
+        whole.update(joined)
     for entries, _ in shards:
         for name, t in entries:
             if name.startswith("param/"):

@@ -19,11 +19,20 @@ each rank keeps its own previous snapshot until every rank's copy of a newer ste
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-SHARDED = ("zero", "fsdp", "hsdp")
+SHARDED = ("zero", "fsdp", "hsdp", "tp")
 LOST = "state lost: "  # the prefix of a plan's reason when some shard is held by nobody
 REPLICATED_BY_COPIES = ("zero", "fsdp")  # unique per-rank state: copies are sent to holders
+REPLICA_GROUPS = ("hsdp", "tp")  # groups of ``shard_size`` ranks, each a replica: the same index in every group holds the same shard
+
+
+def group_size(parallel: Any) -> Optional[int]:
+    """Ranks per replica group of a ``parallel`` config: hsdp's shard_size, tp's tp (else None)."""
+    mode = str(getattr(parallel, "mode", "ddp"))
+    if mode == "tp":
+        return getattr(parallel, "tp", None)
+    return getattr(parallel, "shard_size", None)
 
 
 def node_order(name: str) -> tuple:
@@ -32,8 +41,9 @@ def node_order(name: str) -> tuple:
 
 
 def shard_of(mode: str, rank: int, shard_size: Optional[int]) -> int:
-    """The shard id rank ``rank`` holds (its own number, or its index in its hsdp shard group)."""
-    if mode == "hsdp":
+    """The shard id rank ``rank`` holds (its own number, or its index in its hsdp shard group or
+    tp group)."""
+    if mode in REPLICA_GROUPS:
         return rank % int(shard_size or 1)
     return rank
 
@@ -103,7 +113,7 @@ def layout_tolerance(mode: str, world: int, workers_per_node: int, factor: int, 
     """What the config promises, computed at start (ranks numbered node by node)."""
     if mode == "ddp":
         return world // workers_per_node - 1  # every replica holds everything
-    if mode == "hsdp":
+    if mode in REPLICA_GROUPS:
         return hsdp_tolerance(world, workers_per_node, int(shard_size or 1))
     rank_node = {r: f"n{r // workers_per_node}" for r in range(world)}
     return tolerance(rank_node, place(rank_node, factor))

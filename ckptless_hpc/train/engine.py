@@ -142,7 +142,9 @@ class Engine:
         self.val: Optional[ValSource] = ValSource(task, int(t.seed)) if int(t.eval_every) > 0 else None  # train.eval_every: evaluate()
         self.hook = _step_end_hook(task, self.mode)
         self.skipped: Dict[str, int] = {"nonfinite": 0, "overflow": 0}
-        self.feed: Feed = make_feed(task, t.seed, world, self.micro_batches, t.steps, int(t.data_workers), int(t.prefetch), close_fds)
+        # ranks that compute the same batch (tensor parallel: a TP group): the data is split over world // same_batch
+        self.same_batch = int(getattr(self.strategy, "same_batch", 1))
+        self.feed: Feed = make_feed(task, t.seed, world // self.same_batch, self.micro_batches, t.steps, int(t.data_workers), int(t.prefetch), close_fds)
         self.comm: Any = None
         # the step whose state the tensors hold (None while an optimizer update is changing them):
         # a source serves the optimizer state of step s while it trains s, up to its update
@@ -176,7 +178,7 @@ class Engine:
         """Train with this generation's communicator from now on (same rank numbers)."""
         self.take_rank(comm.vranks[0])
         self.comm = comm
-        self.feed.bind(comm.vranks[0])  # its own rank (a shrunk job's survivor trains the lost ones' too)
+        self.feed.bind(comm.vranks[0] // self.same_batch)  # its own rank's data (a shrunk job's survivor trains the lost ones' too)
         self.strategy.bind(comm)
 
     def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
@@ -208,7 +210,9 @@ class Engine:
 
     # ------------------------------------------------------------------ one step
     def seed(self, step: int, rank: int, micro: int) -> None:
-        forward_seed(self.cfg.train.seed, step, rank, micro)
+        """The forward's RNG (dropout) of ``rank``'s micro-batch: that of its data rank (a TP
+        group's ranks draw the same)."""
+        forward_seed(self.cfg.train.seed, step, rank // self.same_batch, micro)
 
     def add_loss(self, loss: torch.Tensor) -> None:
         self._loss_sum += loss.detach().to(torch.float64)
@@ -340,8 +344,9 @@ class Engine:
         self.model.eval()
         try:
             with torch.no_grad():
-                for index, weight in eval_indices(comm.rank, comm.world, batches):
-                    batch = self.val.batch(index, comm.rank, comm.world)
+                dup = self.same_batch
+                for index, weight in eval_indices(comm.rank // dup, comm.world // dup, batches):
+                    batch = self.val.batch(index, comm.rank // dup, comm.world // dup)
                     with self.autocast():
                         out = self.strategy.evaluate(batch)
                     sums.add(out, self.device, weight)
@@ -353,7 +358,7 @@ class Engine:
             raise
         finally:
             self.model.train()
-        return sums.means(total, comm.world, batches)
+        return sums.means(total, comm.world, batches * self.same_batch)
 
     # ------------------------------------------------------------------ state
     def pieces(self, step: int) -> Tuple[List[Piece], Dict[str, Any]]:

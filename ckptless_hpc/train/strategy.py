@@ -11,10 +11,12 @@ groups a generation needs, and how its state is collected and applied.
   (:mod:`.fixed`, ``train.reduction=fixed``) as its gradient path where a job may shrink;
 - :class:`.zero.Zero` (``parallel=zero``): replicated gradients, the optimizer partitioned;
 - :class:`.fsdp_strategy.FSDPStrategy` (``parallel=fsdp`` and ``hsdp``, its shard and replicate
-  groups formed per generation).
+  groups formed per generation);
+- :class:`.tp.TPStrategy` (``parallel=tp``): tensor parallel in groups of ``parallel.tp`` ranks
+  (the task's plan), data parallel across them.
 
-A new mode (tensor or pipeline parallel) is one more class with these members, and a line in
-:func:`make`.
+A new mode is one more class with these members, and a line in :func:`make`. A strategy whose
+ranks compute the same batch in groups (tensor parallel) says so with ``same_batch`` (default 1).
 """
 
 from __future__ import annotations
@@ -109,4 +111,8 @@ def make(engine: Any) -> Strategy:
         from .fsdp_strategy import FSDPStrategy
 
         return FSDPStrategy(engine)
-    raise ValueError(f"parallel.mode={mode!r} has no strategy. HINT: use parallel=ddp|zero|fsdp|hsdp")
+    if mode == "tp":
+        from .tp import TPStrategy
+
+        return TPStrategy(engine)
+    raise ValueError(f"parallel.mode={mode!r} has no strategy. HINT: use parallel=ddp|zero|fsdp|hsdp|tp")

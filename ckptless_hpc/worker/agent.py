@@ -136,6 +136,9 @@ class Agent:
 
     def start(self) -> None:
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        import faulthandler
+
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: every thread's stack in the worker's log, to see where it waits
         self.client = ControlClient.connect(self.me.relay or self.me.coordinator, self.me.secret, on_message=self._on_message, on_lost=self._on_lost)
         self.faults = FaultInjector(self.client, self.standing)
         from ..slurm.env import SlurmEnvironment

@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from ..control.messages import Encodable, PeriodicFailed, PeriodicSaved
 from ..rundir.paths import RunPaths, state_file
 from ..state import emergency, export
+from ..state.placement import REPLICA_GROUPS, group_size
 
 log = logging.getLogger("ckptless_hpc.worker")
 
@@ -24,13 +25,13 @@ def writes(mode: str, rank: int, shard_size: Optional[int]) -> bool:
     """Whether ``rank`` writes its piece: the lowest rank holding each shard does."""
     if mode in ("zero", "fsdp"):
         return True
-    return rank < (int(shard_size or 1) if mode == "hsdp" else 1)
+    return rank < (int(shard_size or 1) if mode in REPLICA_GROUPS else 1)
 
 
 class PeriodicCopies:
     def __init__(self, cfg: Any, run_dir: Optional[str], send: Callable[[Encodable], None]) -> None:
         self.every, self.last = int(cfg.train.save_every), int(cfg.train.steps)
-        self.mode, self.shard_size = str(cfg.parallel.mode), cfg.parallel.shard_size
+        self.mode, self.shard_size = str(cfg.parallel.mode), group_size(cfg.parallel)
         self.run_dir, self.send = run_dir, send
         self._writing: Optional[threading.Thread] = None
         self._asked: Set[int] = set()  # steps the coordinator asked for (train.save_every_s)

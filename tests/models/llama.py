@@ -90,6 +90,31 @@ class FusedQKVAttention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
+class Attention(nn.Module):
+    """Grouped-query attention with ``wq``/``wk``/``wv`` apart, as torchtitan writes it for tensor
+    parallel: the heads are counted from the projections' output (``view(..., -1, head_dim)``),
+    so a rank holding a column shard of them computes its own heads."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int) -> None:
+        super().__init__()
+        self.head_dim = dim // n_heads
+        self.wq = nn.Linear(dim, n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * self.head_dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        q, k = apply_rotary_emb(q, k, freqs_cis)
+        rep = q.shape[2] // k.shape[2]
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
 class FeedForward(nn.Module):
     """SwiGLU."""
 
@@ -104,10 +129,10 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, hidden: int) -> None:
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, hidden: int, fused_qkv: bool = True) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(dim)
-        self.attention = FusedQKVAttention(dim, n_heads, n_kv_heads)
+        self.attention = FusedQKVAttention(dim, n_heads, n_kv_heads) if fused_qkv else Attention(dim, n_heads, n_kv_heads)
         self.ffn_norm = RMSNorm(dim)
         self.feed_forward = FeedForward(dim, hidden)
 
@@ -117,10 +142,12 @@ class TransformerBlock(nn.Module):
 
 
 class Llama(nn.Module):
-    def __init__(self, vocab: int = 64, dim: int = 32, n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2, hidden: int = 48, max_seq: int = 16) -> None:
+    def __init__(
+        self, vocab: int = 64, dim: int = 32, n_layers: int = 2, n_heads: int = 4, n_kv_heads: int = 2, hidden: int = 48, max_seq: int = 16, fused_qkv: bool = True
+    ) -> None:
         super().__init__()
         self.tok_embeddings = nn.Embedding(vocab, dim)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(dim, n_heads, n_kv_heads, hidden) for i in range(n_layers)})
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(dim, n_heads, n_kv_heads, hidden, fused_qkv) for i in range(n_layers)})
         self.norm = RMSNorm(dim)
         self.output = nn.Linear(dim, vocab, bias=False)
         self.register_buffer("freqs_cis", precompute_freqs_cis(dim // n_heads, max_seq), persistent=False)
@@ -157,3 +184,23 @@ class LlamaTask(Task):
         batch = batch.to(device)
         logits = model(batch[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
+class LlamaTPTask(LlamaTask):
+    """The same decoder with ``wq``/``wk``/``wv`` apart and torchtitan's tensor-parallel plan
+    (``parallelize_llama``'s, less its sequence parallel): the attention's and the feed-forward's
+    input projections column-wise, their output projections row-wise; the embeddings, the norms
+    and the output head replicated."""
+
+    def build_model(self) -> nn.Module:
+        return Llama(self.vocab, self.dim, self.n_layers, max_seq=self.seq_len + 4, fused_qkv=False)
+
+    def tp_plan(self, model: nn.Module) -> Dict[str, Any]:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        plan: Dict[str, Any] = {}
+        for name in model.layers:
+            a, f = f"layers.{name}.attention", f"layers.{name}.feed_forward"
+            plan.update({f"{a}.wq": ColwiseParallel(), f"{a}.wk": ColwiseParallel(), f"{a}.wv": ColwiseParallel(), f"{a}.wo": RowwiseParallel()})
+            plan.update({f"{f}.w1": ColwiseParallel(), f"{f}.w3": ColwiseParallel(), f"{f}.w2": RowwiseParallel()})
+        return plan

@@ -1,0 +1,269 @@
+"""``parallel=tp``: tensor parallel inside each replica, data parallel across replicas.
+
+The ranks form groups of ``parallel.tp`` consecutive ranks (a *TP group*: one replica of the
+model, best on one node); the ranks with the same index in every group (the same *TP
+coordinate*) form the replicate group. Both are formed per generation as hsdp's are
+(:func:`.fsdp.form_hsdp_groups`: ``comm.hsdp.shard`` is the TP group, ``comm.hsdp.replicate``
+the replicate group), and the model is parallelized once, with the task's plan
+(``Task.tp_plan(model)``: module name -> ``ColwiseParallel()`` / ``RowwiseParallel()`` / ...,
+as torchtitan's ``parallelize_*`` functions give it to ``parallelize_module``), on a 1-D mesh
+over the TP group that every later generation re-points at its own group (the same mesh object:
+:func:`.torch_private.rebind_mesh`, as FSDP2's binding does).
+
+A step: every rank of a TP group computes the same micro-batches (its data rank is
+``rank // tp``) and its DTensor collectives run inside forward and backward; after the last
+backward each parameter's local gradient is summed over the replicate group, in place (a
+peer's death raises there: ``StepFailed``); the norm sums the squares of the sharded
+gradients' local parts over the TP group and adds the replicated ones once.
+
+State: this rank's local tensors (:func:`.fsdp.own_entries`: a DTensor parameter's local
+shard, its optimizer state's, plain tensors whole), and in the metadata the dimension each
+sharded parameter is split along (``meta["shard_dims"]``), which the export joins by
+(:func:`ckptless_hpc.state.export.job_view`). A lost rank's state is its TP coordinate's, held
+by the same coordinate of every other replica: no copy is ever sent (as hsdp).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import fsdp
+from . import torch_private as P
+from ..state.snapshot import Entries, plain_meta
+from .fsdp_strategy import StepFailed, _is_comm_error
+
+
+def _shard_dim(t: torch.Tensor) -> Optional[int]:
+    """The dimension a DTensor is sharded along over its (1-D) mesh, or None (plain, replicated)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor):
+        return None
+    for pl in t.placements:
+        if pl.is_shard():
+            return int(pl.dim)  # type: ignore[attr-defined]
+        if pl.is_partial():
+            raise ValueError(f"a parameter is a Partial DTensor ({t.placements}). HINT: a TP plan shards parameters (Shard) or replicates them")
+    return None
+
+
+def plan_of(task: Any, model: torch.nn.Module) -> Dict[str, Any]:
+    """The task's tensor-parallel plan, checked: a mapping of module names to parallel styles."""
+    fn = getattr(task, "tp_plan", None)
+    if not callable(fn):
+        raise ValueError(
+            f"parallel=tp needs {type(task).__name__}.tp_plan(model): the module names to shard and how "
+            "(e.g. {'mlp.up': ColwiseParallel(), 'mlp.down': RowwiseParallel()}, as torchtitan's parallelize_* give it). "
+            "HINT: add tp_plan to the task, or use parallel=fsdp|hsdp"
+        )
+    plan = fn(model)
+    names = dict(model.named_modules())
+    unknown = sorted(k for k in plan if k not in names and "*" not in k)
+    if not plan or unknown:
+        raise ValueError(f"{type(task).__name__}.tp_plan names no module of the model: {unknown or 'an empty plan'}. HINT: names as model.named_modules() gives them")
+    return dict(plan)
+
+
+class TPStrategy:
+    """``parallel=tp`` (train/strategy.py)."""
+
+    sharded = True
+
+    def __init__(self, engine: Any) -> None:
+        self.e = engine
+        self.tp = int(engine.cfg.parallel.tp)
+        self.same_batch = self.tp  # the ranks of a TP group compute the same batch
+        self.mesh: Any = None
+        self.tp_group: Any = None
+        self.rep_group: Any = None
+        self._pending: Optional[Tuple[Entries, Dict[str, Any]]] = None
+        self._norm: Optional[torch.Tensor] = None
+        self.shard_dims: Dict[str, int] = {}
+
+    # ------------------------------------------------------------------ generations
+    def take_rank(self, rank: int) -> None:
+        pass  # parallelized (and given its optimizer) at the first bind, when the TP group exists
+
+    def hold(self, ranks: Any) -> None:
+        pass
+
+    def shards(self) -> List[int]:
+        return []
+
+    def parts(self) -> List[Tuple[torch.optim.Optimizer, Any]]:
+        return [(self.e.optimizer, self.e.scheduler)]
+
+    def scheduler_of(self, shard: Optional[int]) -> Any:
+        return self.e.scheduler
+
+    def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
+        """The generation's TP and replicate groups (train/fsdp.py's hsdp groups), as ``comm.hsdp``."""
+        e = self.e
+        comm.hsdp = fsdp.form_hsdp_groups(store, comm.gen, comm.rank, comm.world, self.tp, host, timeout_s, e.device, comm.backend)
+
+    def let_go(self, comm: Any) -> bool:
+        """The generation's groups are destroyed at once, in a thread (a peer blocked in one
+        that did not fail here is released only then), after the mesh lets go of them."""
+        self.e.comm = None
+        objs: List[Any] = [comm]
+        if self.mesh is not None:
+            P.unbind_mesh(self.mesh)
+        hs = getattr(comm, "hsdp", None)
+        if hs is not None:
+            objs += hs.groups()
+            comm.hsdp = None
+        self.tp_group = self.rep_group = None
+        fsdp.release_in_background(objs)
+        return True
+
+    def warm_up(self) -> Optional[Dict[str, float]]:
+        return None
+
+    def layout(self) -> Dict[str, int]:
+        return {"buckets": 0}
+
+    def bind(self, comm: Any) -> None:
+        """The first generation: the model parallelized on a mesh over the TP group, then the
+        optimizer and scheduler built over its DTensor parameters; a later one: the same mesh
+        re-pointed at the new TP group."""
+        e = self.e
+        hs = comm.hsdp
+        self.tp_group, self.rep_group = hs.shard, hs.replicate
+        if self.mesh is not None:
+            P.rebind_mesh(self.mesh, self.tp_group)
+            return
+        from torch.distributed.tensor.parallel import parallelize_module
+
+        fsdp.stable_default_group(comm.rank, comm.world)
+        ranks = dist.get_process_group_ranks(self.tp_group)
+        self.mesh = P.mesh_of(self.tp_group, ranks, comm.rank, e.device.type)
+        # src_data_rank=None: each rank keeps its own slice of the model it built (the same seeded
+        # model everywhere) instead of a scatter from the group's first rank: a spare joining a
+        # group of survivors, who parallelized long ago, would wait on that scatter forever
+        parallelize_module(e.model, self.mesh, plan_of(e.task, e.model), src_data_rank=None)
+        self.shard_dims = {n: d for n, p in e.model.named_parameters() if (d := _shard_dim(p)) is not None}
+        e.optimizer = e.task.build_optimizer(e.model, e.cfg.optim)
+        e.scheduler = e.build_scheduler()
+        if self._pending is not None:
+            entries, meta = self._pending
+            self._pending = None
+            self.apply(entries, meta)
+            e.apply_meta(meta)
+
+    # ------------------------------------------------------------------ one step
+    def begin(self, comm: Any, wait: Callable[[List[Any]], None]) -> None:
+        self._norm = None
+
+    def forward_backward(self, step: int, comm: Any, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> Optional[torch.Tensor]:
+        """Forwards and backwards (the DTensor collectives inside), the gradients summed over the
+        replicas, the loss's all-reduce and the buffers' broadcast waited on, then the norm."""
+        e = self.e
+        e.optimizer.zero_grad(set_to_none=True)
+        broadcasts: List[Any] = []
+        try:
+            for micro in range(e.micro_batches):
+                batch = e.feed.get(step, micro)
+                e.seed(step, comm.rank, micro)
+                with e.autocast():
+                    loss = e.task_loss(batch)
+                if micro == e.micro_batches - 1 and e.buffers:
+                    broadcasts = e.buffers.launch(comm)
+                e.add_loss(loss)
+                loss.backward()
+            on_backward()
+            for p in e.model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(fsdp._local(p.grad), group=self.rep_group)
+            wait([comm.allreduce(e.reduction())] + broadcasts)
+            self._norm = self._collective_norm()
+        except Exception as err:
+            if _is_comm_error(err):
+                raise StepFailed(f"step {step}: {err}") from None
+            raise
+        return self._norm
+
+    def _collective_norm(self) -> torch.Tensor:
+        """The global L2 norm: the sharded gradients' local squares summed over the TP group,
+        the replicated ones' added once (every rank of the group holds them whole)."""
+        sharded = torch.zeros((), dtype=torch.float64)
+        replicated = torch.zeros((), dtype=torch.float64)
+        for p in self.e.model.parameters():
+            if p.grad is None:
+                continue
+            sq = torch.linalg.vector_norm(fsdp._local(p.grad), 2, dtype=torch.float64).pow(2).cpu()
+            if _shard_dim(p) is not None:
+                sharded += sq
+            else:
+                replicated += sq
+        dist.all_reduce(sharded, group=self.tp_group)
+        return (sharded + replicated).sqrt()
+
+    def evaluate(self, batch: Any) -> Any:
+        try:
+            return self.e.task.evaluate(self.e.run_model, batch)
+        except Exception as err:
+            if _is_comm_error(err):
+                raise StepFailed(f"evaluation: {err}") from None
+            raise
+
+    def divide(self, n: int) -> None:
+        """``n`` = world x micro-batches; the gradients are sums over the replicas' micro-batches."""
+        with torch.no_grad():
+            for p in self.e.model.parameters():
+                if p.grad is not None:
+                    fsdp._local(p.grad).div_(n // self.tp)
+
+    def grad_norm(self) -> torch.Tensor:
+        assert self._norm is not None, "the norm is computed inside the step (forward_backward)"
+        return self._norm
+
+    def clip(self, max_norm: float, norm: torch.Tensor) -> None:
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        with torch.no_grad():
+            for p in self.e.model.parameters():
+                if p.grad is not None:
+                    g = fsdp._local(p.grad)
+                    g.mul_(coef.to(g.dtype))
+
+    def stepped(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        for p in self.e.model.parameters():
+            p.grad = None
+
+    # ------------------------------------------------------------------ state
+    def collect(self, step: int, extra: Dict[str, Any], shard: Optional[int] = None) -> Tuple[Entries, Dict[str, Any]]:
+        e = self.e
+        entries = fsdp.own_entries(e.model, e.optimizer if self.mesh is not None else None)
+        task_scalars: Dict[str, Any] = {}
+        for k, v in sorted((e.task.state_dict() or {}).items()):
+            if torch.is_tensor(v):
+                entries.append((f"task/{k}", v))
+            else:
+                task_scalars[k] = v
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in e.optimizer.param_groups]
+        name_of = {id(p): n for n, p in e.model.named_parameters()}
+        groups = [[name_of[id(p)] for p in g["params"]] for g in e.optimizer.param_groups]
+        meta = {"step": step, "hyper": hyper, "groups": groups, "task_scalars": task_scalars, "shard_dims": dict(self.shard_dims), **extra}
+        return entries, plain_meta(meta)
+
+    def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False, shard: Optional[int] = None) -> bool:
+        """Copied in place; False while the model is not yet parallelized (a promoted spare:
+        applied, with its metadata, at its first bind)."""
+        e = self.e
+        if self.mesh is None:
+            self._pending = (entries, meta)
+            return False
+        fsdp.load_own(e.model, e.optimizer, [(n, t) for n, t in entries if not n.startswith("task/")])
+        task_sd: Dict[str, Any] = dict(meta.get("task_scalars", {}))
+        task_sd.update({n[len("task/") :]: t for n, t in entries if n.startswith("task/")})
+        if task_sd:
+            e.task.load_state_dict(task_sd)
+        for g, h in zip(e.optimizer.param_groups, meta.get("hyper", [])):
+            for k, v in h.items():
+                g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
+        return True
