@@ -792,11 +792,22 @@ def resume_shards(cfg: Any) -> int:
     return {"ddp": 1, "zero": world, "fsdp": world, "tp": cfg.parallel.get("tp") or 1}.get(mode, cfg.parallel.shard_size or 1)
 
 
+def data_world(cfg: Any) -> int:
+    """The ranks that each train on a batch of their own: the world, less tensor parallel's
+    groups (the ranks of one TP group compute the same batch)."""
+    world = Shape.of(cfg).world
+    p = cfg.get("parallel") if hasattr(cfg, "get") else None
+    if p is not None and str(p.mode) == "tp" and _is_int(p.get("tp")) and p.tp >= 1:
+        return world // int(p.tp)
+    return world
+
+
 def global_batch(cfg: Any, batch_size: Any = None) -> str:
     """The start line's ``global batch: batch_size B x grad_accum K x world W = N samples per step``
-    (``batch_size``: the task's, when the caller knows it; else the task config's, if it has one)."""
+    (``batch_size``: the task's, when the caller knows it; else the task config's, if it has one;
+    W: :func:`data_world`)."""
     k = int(cfg.train.grad_accum)
-    world = Shape.of(cfg).world
+    world = data_world(cfg)
     task = cfg.get("task")
     bs = batch_size if batch_size is not None else (task.get("batch_size") if task is not None else None)
     if not _is_int(bs):

@@ -100,8 +100,10 @@ def train(task: Any, cfg: Any) -> Any:
 
     from .train.data import StepBatches, forward_seed
 
+    from .config import data_world
+
     t, o = cfg.train, cfg.optim
-    world, k = int(cfg.cluster.nodes) * int(cfg.cluster.workers_per_node), int(t.grad_accum)
+    world, k = data_world(cfg), int(t.grad_accum)  # tensor parallel: one data rank per TP group
     amp = _amp_dtype(str(t.precision))
     torch.manual_seed(int(t.seed))
     model = task.build_model()
@@ -448,7 +450,9 @@ def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout, err: Te
     torch.set_num_threads(int(cfg.train.threads))  # as the job's workers: results depend on it
     for line in notes(cfg):
         print(f"note: {line}", file=out)
-    world, k = int(cfg.cluster.nodes) * int(cfg.cluster.workers_per_node), int(cfg.train.grad_accum)
+    from .config import data_world
+
+    world, k = data_world(cfg), int(cfg.train.grad_accum)
     t0 = time.monotonic()
     try:
         model = train(task, cfg)

@@ -1,0 +1,108 @@
+"""parallel=tp without processes: the config's checks, the task's plan checked, where each rank's
+shard comes from, the data each rank trains on, and the export joining TP shards along the
+dimension each parameter is split on (the end-to-end proof: tests/e2e/test_zoo.py, tp-llama_tp)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from torch import nn
+
+from ckptless_hpc.config import data_world, global_batch, register_configs, resume_shards, validation_errors
+from ckptless_hpc.coordinator.sharding import Layout
+from ckptless_hpc.launch.probes import PROBES
+from ckptless_hpc.state import dcp as state_dcp
+from ckptless_hpc.state import export
+from ckptless_hpc.state.views import UserView, model_tensors
+from ckptless_hpc.train.tp import plan_of
+from models.llama import LlamaTask, LlamaTPTask
+
+pytestmark = pytest.mark.timeout(60)
+register_configs()
+
+
+def cfg(*overrides: str):
+    with initialize_config_module(config_module="ckptless_hpc.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=["task=mlp", *overrides])
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (("parallel=tp", "parallel.tp=3", "cluster.workers_per_node=2"), "parallel.tp=3: tp needs a tensor-parallel group size that divides the world size 4"),
+        (("parallel=tp", "parallel.tp=4", "cluster.workers_per_node=2"), "parallel.tp=4: tp needs a tensor-parallel group size that divides the world size 4 into at least 2 replicas"),
+        (("parallel=tp", "parallel.tp=2", "cluster.nodes=1", "cluster.workers_per_node=4"), "parallel.tp=2: every replica of some shard lives on one node"),
+        (("parallel=tp", "cluster.workers_per_node=2", "parallel.param_dtype=bf16"), "FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not tp"),
+        (("parallel=tp", "cluster.workers_per_node=2", "cluster.nodes=3", "cluster.min_nodes=2"), "parallel.mode=tp cannot shrink yet"),
+    ],
+)
+def test_a_tp_layout_that_cannot_work_is_refused_naming_the_field(overrides, needle):
+    errors = validation_errors(cfg(*overrides), PROBES)
+    assert any(needle in e and "HINT" in e for e in errors), errors
+
+
+def test_the_layout_replicas_hold_the_same_coordinate_and_one_data_rank_per_group():
+    c = cfg("parallel=tp", "parallel.tp=2", "cluster.nodes=3", "cluster.workers_per_node=2")
+    assert validation_errors(c, PROBES) == []
+    lay = Layout(c)
+    assert lay.shard_of == {0: 0, 1: 1, 2: 0, 3: 1, 4: 0, 5: 1} and lay.shards == 2 and lay.factor == 0
+    assert lay.survives() == 2 and "tensor parallel in groups of 2, 3 replicas" in lay.describe()
+    assert data_world(c) == 3 and "x world 3" in global_batch(c, 4) and resume_shards(c) == 2
+
+
+def test_a_task_without_a_plan_or_with_a_wrong_one_is_refused_with_a_hint():
+    with pytest.raises(ValueError, match=r"parallel=tp needs LlamaTask.tp_plan\(model\).*HINT"):
+        plan_of(LlamaTask(), LlamaTask().build_model())
+
+    class Typo(LlamaTPTask):
+        def tp_plan(self, model):
+            return {"layers.0.attn.wq": None}
+
+    with pytest.raises(ValueError, match=r"names no module of the model: \['layers.0.attn.wq'\].*HINT"):
+        plan_of(Typo(), Typo().build_model())
+    task = LlamaTPTask()
+    assert set(plan_of(task, task.build_model())) >= {"layers.0.attention.wq", "layers.1.feed_forward.w2"}
+
+
+def _tp_shards(model: nn.Module, tp: int, dims: dict, opt: torch.optim.Optimizer):
+    """What the ranks of one TP group save (train/tp.py collect): each sharded parameter's and its
+    optimizer state's local slice along its dim, the rest whole; ``shard_dims`` in the metadata."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+    groups = [[names[id(p)] for p in g["params"]] for g in opt.param_groups]
+    view = UserView.of(model).to_json([n for n, _ in model_tensors(model)])
+    out = []
+    for r in range(tp):
+
+        def mine(n, t):
+            return t.chunk(tp, dim=dims[n])[r] if n in dims and t.dim() > 0 else t
+
+        entries = [(f"param/{n}", mine(n, p.detach())) for n, p in model.named_parameters()]
+        entries += [(f"buffer/{n}", b) for n, b in model.named_buffers()]
+        for p, st in opt.state.items():
+            entries += [(f"optim/{names[id(p)]}/{k}", mine(names[id(p)], v)) for k, v in sorted(st.items())]
+        out.append((entries, {"step": 2, "hyper": hyper, "groups": groups, "shard_dims": dims, "user_view": view}))
+    return out
+
+
+def test_tp_shards_join_along_their_dims_into_the_model_and_its_optimizer(tmp_path):
+    task = LlamaTPTask()
+    torch.manual_seed(0)
+    model = task.build_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for s in range(2):
+        task.loss(model, task.batch(s, 0, 1, torch.Generator().manual_seed(s))).backward()
+        opt.step()
+        opt.zero_grad()
+    plan = task.tp_plan(model)
+    dims = {f"{m}.weight": (0 if type(style).__name__ == "ColwiseParallel" else 1) for m, style in plan.items()}
+    shards = _tp_shards(model, 2, dims, opt)
+    got = export.full_model(shards)
+    want = model.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    flat = export.full_model([(e, {**m, "shard_dims": None}) for e, m in shards][:1] + shards[1:2])  # read as FSDP's dim-0 shards: wrong
+    assert not all(torch.equal(flat[k], want[k]) for k in want)
+    merged = state_dcp.optimizer_state(shards)["state"]
+    for n, p in model.named_parameters():
+        assert all(torch.equal(merged[n][k], v) for k, v in opt.state[p].items()), n
