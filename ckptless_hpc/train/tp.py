@@ -13,8 +13,9 @@ over the TP group that every later generation re-points at its own group (the sa
 A step: every rank of a TP group computes the same micro-batches (its data rank is
 ``rank // tp``) and its DTensor collectives run inside forward and backward; after the last
 backward each parameter's local gradient is summed over the replicate group, in place (a
-peer's death raises there: ``StepFailed``); the norm sums the squares of the sharded
-gradients' local parts over the TP group and adds the replicated ones once.
+peer's death raises there: ``StepFailed``), and divided into the mean over the global batch;
+then the norm sums the squares of the sharded gradients' local parts over the TP group and adds
+the replicated ones once.
 
 State: this rank's local tensors (:func:`.fsdp.own_entries`: a DTensor parameter's local
 shard, its optimizer state's, plain tensors whole), and in the metadata the dimension each
@@ -174,9 +175,12 @@ class TPStrategy:
                 e.add_loss(loss)
                 loss.backward()
             on_backward()
+            replicas_batches = (e.world // self.tp) * e.micro_batches
             for p in e.model.parameters():
                 if p.grad is not None:
-                    dist.all_reduce(fsdp._local(p.grad), group=self.rep_group)
+                    g = fsdp._local(p.grad)
+                    dist.all_reduce(g, group=self.rep_group)
+                    g.div_(replicas_batches)  # the mean over the global batch, before the norm
             wait([comm.allreduce(e.reduction())] + broadcasts)
             self._norm = self._collective_norm()
         except Exception as err:
@@ -210,11 +214,7 @@ class TPStrategy:
             raise
 
     def divide(self, n: int) -> None:
-        """``n`` = world x micro-batches; the gradients are sums over the replicas' micro-batches."""
-        with torch.no_grad():
-            for p in self.e.model.parameters():
-                if p.grad is not None:
-                    fsdp._local(p.grad).div_(n // self.tp)
+        pass  # divided in the step, before the norm (a collective, computed there)
 
     def grad_norm(self) -> torch.Tensor:
         assert self._norm is not None, "the norm is computed inside the step (forward_backward)"
