@@ -31,7 +31,10 @@ def cfg(*overrides: str):
     "overrides, needle",
     [
         (("parallel=tp", "parallel.tp=3", "cluster.workers_per_node=2"), "parallel.tp=3: tp needs a tensor-parallel group size that divides the world size 4"),
-        (("parallel=tp", "parallel.tp=4", "cluster.workers_per_node=2"), "parallel.tp=4: tp needs a tensor-parallel group size that divides the world size 4 into at least 2 replicas"),
+        (
+            ("parallel=tp", "parallel.tp=4", "cluster.workers_per_node=2"),
+            "parallel.tp=4: tp needs a tensor-parallel group size that divides the world size 4 into at least 2 replicas",
+        ),
         (("parallel=tp", "parallel.tp=2", "cluster.nodes=1", "cluster.workers_per_node=4"), "parallel.tp=2: every replica of some shard lives on one node"),
         (("parallel=tp", "cluster.workers_per_node=2", "parallel.param_dtype=bf16"), "FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not tp"),
         (("parallel=tp", "cluster.workers_per_node=2", "cluster.nodes=3", "cluster.min_nodes=2"), "parallel.mode=tp cannot shrink yet"),
@@ -75,7 +78,7 @@ def _tp_shards(model: nn.Module, tp: int, dims: dict, opt: torch.optim.Optimizer
     out = []
     for r in range(tp):
 
-        def mine(n, t):
+        def mine(n, t, r=r):
             return t.chunk(tp, dim=dims[n])[r] if n in dims and t.dim() > 0 else t
 
         entries = [(f"param/{n}", mine(n, p.detach())) for n, p in model.named_parameters()]
@@ -106,3 +109,13 @@ def test_tp_shards_join_along_their_dims_into_the_model_and_its_optimizer(tmp_pa
     merged = state_dcp.optimizer_state(shards)["state"]
     for n, p in model.named_parameters():
         assert all(torch.equal(merged[n][k], v) for k, v in opt.state[p].items()), n
+
+
+def test_the_dry_run_prints_the_mesh_and_where_each_coordinate_lives():
+    from ckptless_hpc.launch.dryrun import placement
+
+    lines = placement(cfg("parallel=tp", "parallel.tp=2", "cluster.nodes=3", "cluster.workers_per_node=2"))
+    assert "mesh: 3 replica(s) x tp 2 (replica r, TP coordinate c = rank r*2+c)" in lines
+    assert "  replica 1: c0=rank 2@local1, c1=rank 3@local1" in lines
+    assert "  TP coordinate 1: held by 3 replica(s) on 3 node(s) (local0, local1, local2)" in lines
+    assert any("survives 2 simultaneous node losses" in x for x in lines)
