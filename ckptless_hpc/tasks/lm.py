@@ -176,6 +176,17 @@ class LMTask(Task):
         the root, whose forward uses the token embedding's weight again as the tied output head."""
         return list(model.blocks)
 
+    def tp_plan(self, model: nn.Module) -> dict:
+        """parallel=tp: each block's MLP split Megatron's way (``fc1`` column-wise, ``fc2``
+        row-wise: one all-reduce per block in forward and in backward); the attention, whose
+        fused ``qkv`` is laid out q|k|v over all heads, the embeddings and the norms stay whole."""
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        plan: dict = {}
+        for i in range(len(model.blocks)):
+            plan.update({f"blocks.{i}.fc1": ColwiseParallel(), f"blocks.{i}.fc2": RowwiseParallel()})
+        return plan
+
     def loss(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
         device = next(model.parameters()).device

@@ -119,3 +119,16 @@ def test_the_dry_run_prints_the_mesh_and_where_each_coordinate_lives():
     assert "  replica 1: c0=rank 2@local1, c1=rank 3@local1" in lines
     assert "  TP coordinate 1: held by 3 replica(s) on 3 node(s) (local0, local1, local2)" in lines
     assert any("survives 2 simultaneous node losses" in x for x in lines)
+
+
+def test_the_built_in_lm_task_has_megatrons_mlp_plan():
+    from ckptless_hpc.tasks.lm import LMTask
+
+    task = LMTask(d_model=32, n_layers=2, n_heads=2, seq_len=16, batch_size=2)
+    plan = plan_of(task, task.build_model())
+    assert {k: type(v).__name__ for k, v in plan.items()} == {
+        "blocks.0.fc1": "ColwiseParallel",
+        "blocks.0.fc2": "RowwiseParallel",
+        "blocks.1.fc1": "ColwiseParallel",
+        "blocks.1.fc2": "RowwiseParallel",
+    }
