@@ -42,7 +42,10 @@ def shape_from_config(cfg: Any, run_dir: str) -> render.SlurmShape:
         job_name=cfg.job_name,
         nodes=start_nodes(c),  # cluster.start_nodes: the rest of the layout's nodes come later (refills, cluster.grow)
         spare_nodes=c.spare_nodes,
-        tasks_per_node=1,  # the batch step runs the coordinator alone; workers get their own steps
+        # every worker node's CPUs for its workers' step (srun --ntasks=workers_per_node; an
+        # allocation of one task per node refuses that step); the batch script itself still runs
+        # the coordinator alone (no srun around it)
+        tasks_per_node=int(c.workers_per_node),
         gpus_per_node=c.gpus_per_node,
         cpus_per_task=c.cpus_per_task,
         partition=c.partition or "",

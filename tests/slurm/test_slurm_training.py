@@ -127,6 +127,26 @@ def test_crashed_node_is_replaced_by_the_spare(slurm_env, tmp_path, baseline, sl
     _assert_scancel_off_the_recovery_path(tmp_path, s, rec, victim_node)
 
 
+def test_tensor_parallel_a_crashed_node_holding_a_whole_tp_group_is_refilled_bitwise(slurm_env, tmp_path, baseline, slurm_cluster):
+    """parallel=tp on Slurm: two nodes of one TP group (2 ranks) each, the built-in lm's plan;
+    the node holding replica 1's whole TP group crashes; the spare node's two workers fetch
+    their TP coordinates' shards from replica 0 and the job ends with the fault-free bits."""
+    cfg = (*LM, "parallel=tp", "parallel.tp=2", "cluster.workers_per_node=2")
+    job = _submit(tmp_path, *cfg)
+    victim_node = _rank_worker(tmp_path, 2).split(".")[0]
+    assert _rank_worker(tmp_path, 3).split(".")[0] == victim_node
+    _past_step(tmp_path, 20)
+    try:
+        slurm_cluster.crash_node(victim_node)
+        s = _finished(job, tmp_path)
+    finally:
+        slurm_cluster.start_node(victim_node)
+    assert s["status"] == "completed", s
+    (rec,) = s["recoveries"]
+    assert rec["failed_ranks"] == [2, 3] and rec["failed_nodes"] == [victim_node] and rec["survivors_restarted"] == 0 and rec["bytes_transferred"] > 0, rec
+    assert s["final_state_sha256"] == baseline(*cfg)
+
+
 @pytest.mark.timeout(600)  # 1,500 steps (Slurm needs ~20 s to lose the node) here and in the local baseline: 264 s at load 10
 def test_killed_slurmd_the_job_goes_on_without_a_requeue(slurm_env, tmp_path, baseline, slurm_cluster):
     """Only the node's slurmd dies: its worker lives on, but Slurm loses the node ~20 s later and

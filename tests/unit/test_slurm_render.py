@@ -274,3 +274,18 @@ def test_companion_job_has_the_jobs_shape_per_node_never_requeues_and_ends_with_
     assert "--jobs=4242" in flags["--wrap"] and "RUNNING" in flags["--wrap"]  # it holds its nodes only while the main job runs
     with pytest.raises(ValueError, match="nodes"):
         render.companion_sbatch_argv(FULL_SHAPE, "4242", 0)
+
+
+def test_the_allocation_gives_each_node_a_task_per_worker() -> None:
+    """cluster.workers_per_node=2: each node's worker step is ``srun --ntasks=2``, which Slurm
+    refuses ("More processors requested than permitted") in an allocation of one task per node."""
+    from hydra import compose, initialize_config_module
+
+    from ckptless_hpc.config import register_configs
+    from ckptless_hpc.launch.slurm import shape_from_config
+
+    register_configs()
+    with initialize_config_module(config_module="ckptless_hpc.conf", version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["cluster=slurm", "cluster.workers_per_node=2", "cluster.nodes=2"])
+    shape = shape_from_config(cfg, "/scratch/run")
+    assert shape.tasks_per_node == 2 and render.sbatch_parameters(shape)["ntasks_per_node"] == 2
