@@ -167,3 +167,14 @@ def test_fsdp_mixed_precision_policy_is_in_effect_and_keeps_the_oracle(job, base
     fp32 = torch.load(baseline.result(*base, env=ENV).summary["final"]["model"]["path"], weights_only=True)
     diffs = plain_loop.max_differences(got, fp32)
     assert 1e-6 < max(diffs.values()) < 5e-2, diffs
+
+
+def test_a_hung_tp_rank_is_replaced_bitwise(job, baseline):
+    """parallel=tp: a rank of replica 1's TP group hangs (alive, silent) mid-step; its TP peer
+    and the other replica are blocked in collectives with it until the heartbeat timeout names it;
+    a spare takes its coordinate from replica 0 and the job ends with the fault-free bits."""
+    cfg = _cfg("tp", "llama_tp")
+    res = job(*cfg, *FAST_HB, "fault=hang", "fault.rank=3", "fault.step=4", env=ENV, timeout_s=300)
+    assert res.rc == 0, res.out[-5000:]
+    s = res.summary
+    assert [r["failed_ranks"] for r in s["recoveries"]] == [[3]] and s["final_state_sha256"] == baseline(*cfg, *FAST_HB, env=ENV)
