@@ -25,6 +25,7 @@ import torch
 from . import fsdp
 from ..state.snapshot import Entries, plain_meta
 from .evaluation import split_loss
+from .strategy import OneOptimizer
 
 
 class StepFailed(RuntimeError):
@@ -38,7 +39,7 @@ def _is_comm_error(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and any(s in text for s in ("gloo", "Gloo", "Connection closed", "Connection reset", "NCCL", "no group"))
 
 
-class FSDPStrategy:
+class FSDPStrategy(OneOptimizer):
     """``parallel=fsdp|hsdp`` (train/strategy.py)."""
 
     sharded = True
@@ -50,22 +51,7 @@ class FSDPStrategy:
         self._norm: Optional[torch.Tensor] = None
         self.warm: Dict[str, float] = {}
 
-    # ------------------------------------------------------------------ generations
-    def take_rank(self, rank: int) -> None:
-        pass  # sharded (and given its optimizer) at the first bind, when the group exists
-
-    def hold(self, ranks: Any) -> None:
-        pass
-
-    def shards(self) -> List[int]:
-        return []
-
-    def parts(self) -> List[Tuple[torch.optim.Optimizer, Any]]:
-        return [(self.e.optimizer, self.e.scheduler)]
-
-    def scheduler_of(self, shard: Optional[int]) -> Any:
-        return self.e.scheduler
-
+    # ------------------------------------------------------------------ generations (sharded, and given its optimizer, at the first bind)
     def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
         """hsdp: the generation's shard and replicate groups (train/fsdp.py), as ``comm.hsdp``."""
         e = self.e
@@ -223,34 +209,44 @@ class FSDPStrategy:
 
     # ------------------------------------------------------------------ state
     def collect(self, step: int, extra: Dict[str, Any], shard: Optional[int] = None) -> Tuple[Entries, Dict[str, Any]]:
-        e = self.e
-        entries = fsdp.own_entries(e.model, e.optimizer if self.binding is not None else None)
-        task_scalars: Dict[str, Any] = {}
-        for k, v in sorted((e.task.state_dict() or {}).items()):
-            if torch.is_tensor(v):
-                entries.append((f"task/{k}", v))
-            else:
-                task_scalars[k] = v
-        hyper = [{k: v for k, v in g.items() if k != "params"} for g in e.optimizer.param_groups]
-        name_of = {id(p): n for n, p in e.model.named_parameters()}
-        groups = [[name_of[id(p)] for p in g["params"]] for g in e.optimizer.param_groups]  # the optimizer's parameters by name (state/dcp.py)
-        meta = {"step": step, "hyper": hyper, "groups": groups, "task_scalars": task_scalars, **extra}
-        return entries, plain_meta(meta)
+        return collect_local(self.e, step, extra, with_optimizer=self.binding is not None)
 
     def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False, shard: Optional[int] = None) -> bool:
         """Copied in place (nothing is aliased, ``copy`` or not); False while the model is not yet
         sharded (a promoted spare: applied, with its metadata, at its first bind)."""
-        e = self.e
         if self.binding is None:
             self._pending = (entries, meta)
             return False
-        own = [(n, t) for n, t in entries if not n.startswith("task/")]
-        fsdp.load_own(e.model, e.optimizer, own)
-        task_sd: Dict[str, Any] = dict(meta.get("task_scalars", {}))
-        task_sd.update({n[len("task/") :]: t for n, t in entries if n.startswith("task/")})
-        if task_sd:
-            e.task.load_state_dict(task_sd)
-        for g, h in zip(e.optimizer.param_groups, meta.get("hyper", [])):
-            for k, v in h.items():
-                g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
+        apply_local(self.e, entries, meta)
         return True
+
+
+def collect_local(e: Any, step: int, extra: Dict[str, Any], with_optimizer: bool) -> Tuple[Entries, Dict[str, Any]]:
+    """A rank's local state (the modes whose parameters are DTensors: fsdp, hsdp, tp): its local
+    tensors (:func:`.fsdp.own_entries`), the task's tensors, and in the metadata the optimizer's
+    hyper-parameters, its parameters by name (state/dcp.py) and the task's scalars."""
+    entries = fsdp.own_entries(e.model, e.optimizer if with_optimizer else None)
+    task_scalars: Dict[str, Any] = {}
+    for k, v in sorted((e.task.state_dict() or {}).items()):
+        if torch.is_tensor(v):
+            entries.append((f"task/{k}", v))
+        else:
+            task_scalars[k] = v
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in e.optimizer.param_groups]
+    name_of = {id(p): n for n, p in e.model.named_parameters()}
+    groups = [[name_of[id(p)] for p in g["params"]] for g in e.optimizer.param_groups]
+    meta = {"step": step, "hyper": hyper, "groups": groups, "task_scalars": task_scalars, **extra}
+    return entries, plain_meta(meta)
+
+
+def apply_local(e: Any, entries: Entries, meta: Dict[str, Any]) -> None:
+    """What :func:`collect_local` gave, copied in place into this rank's tensors, task and
+    optimizer hyper-parameters (checked before anything is written: :func:`.fsdp.load_own`)."""
+    fsdp.load_own(e.model, e.optimizer, [(n, t) for n, t in entries if not n.startswith("task/")])
+    task_sd: Dict[str, Any] = dict(meta.get("task_scalars", {}))
+    task_sd.update({n[len("task/") :]: t for n, t in entries if n.startswith("task/")})
+    if task_sd:
+        e.task.load_state_dict(task_sd)
+    for g, h in zip(e.optimizer.param_groups, meta.get("hyper", [])):
+        for k, v in h.items():
+            g[k] = tuple(v) if isinstance(g.get(k), tuple) else v

@@ -11,13 +11,14 @@ Fixed boundaries and a fixed order keep the result bitwise reproducible.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
 from ..config import reduction
 from ..state.snapshot import Entries, apply_state, collect_state
 from .fixed import FixedReduce
+from .strategy import OneOptimizer
 
 
 class BucketedGrads:
@@ -162,7 +163,7 @@ class BufferSync:
         self._packed = []
 
 
-class Replicated:
+class Replicated(OneOptimizer):
     """``parallel=ddp``: every rank holds the whole state (train/strategy.py). Gradients land in
     :class:`BucketedGrads`; they are summed by the buckets' all-reduce, overlapped with the last
     backward, or (``train.reduction=fixed``) in the fixed tree over the ranks (train/fixed.py),
@@ -179,21 +180,6 @@ class Replicated:
         self._plan: Optional[FixedReduce] = None
 
     # ------------------------------------------------------------------ generations
-    def take_rank(self, rank: int) -> None:
-        pass
-
-    def hold(self, ranks: Sequence[int]) -> None:
-        pass
-
-    def shards(self) -> List[int]:
-        return []
-
-    def parts(self) -> List[Tuple[torch.optim.Optimizer, Any]]:
-        return [(self.e.optimizer, self.e.scheduler)]
-
-    def scheduler_of(self, shard: Optional[int]) -> Any:
-        return self.e.scheduler
-
     def bind(self, comm: Any) -> None:
         if self.fixed:
             self._plan = FixedReduce(self.e.world, comm.holders or [[r] for r in range(self.e.world)], comm.rank)

@@ -13,10 +13,12 @@ groups a generation needs, and how its state is collected and applied.
 - :class:`.fsdp_strategy.FSDPStrategy` (``parallel=fsdp`` and ``hsdp``, its shard and replicate
   groups formed per generation);
 - :class:`.tp.TPStrategy` (``parallel=tp``): tensor parallel in groups of ``parallel.tp`` ranks
-  (the task's plan), data parallel across them.
+  (the task's plan), data parallel across them;
+- :class:`.pp.PPStrategy` (``parallel=pp``): pipelines of ``parallel.pp`` stages (the task's
+  split), data parallel across them.
 
 A new mode is one more class with these members, and a line in :func:`make`. A strategy whose
-ranks compute the same batch in groups (tensor parallel) says so with ``same_batch`` (default 1).
+ranks compute the same batch in groups (tensor and pipeline parallel) says so with ``same_batch`` (default 1).
 """
 
 from __future__ import annotations
@@ -96,6 +98,28 @@ class Strategy(Protocol):
         """Load a state; True when it was this rank's own (the engine then applies its metadata)."""
 
 
+class OneOptimizer:
+    """The generation members of a strategy whose process steps one optimizer, its own rank's,
+    and trains no lost rank's part (every mode but ZeRO, whose partition has parts)."""
+
+    e: Any
+
+    def take_rank(self, rank: int) -> None:
+        pass
+
+    def hold(self, ranks: Sequence[int]) -> None:
+        pass
+
+    def shards(self) -> List[int]:
+        return []
+
+    def parts(self) -> List[Tuple[torch.optim.Optimizer, Any]]:
+        return [(self.e.optimizer, self.e.scheduler)]
+
+    def scheduler_of(self, shard: Optional[int]) -> Any:
+        return self.e.scheduler
+
+
 def make(engine: Any) -> Strategy:
     """The strategy of ``engine``'s ``parallel.mode``."""
     mode = engine.mode
@@ -115,4 +139,8 @@ def make(engine: Any) -> Strategy:
         from .tp import TPStrategy
 
         return TPStrategy(engine)
-    raise ValueError(f"parallel.mode={mode!r} has no strategy. HINT: use parallel=ddp|zero|fsdp|hsdp|tp")
+    if mode == "pp":
+        from .pp import PPStrategy
+
+        return PPStrategy(engine)
+    raise ValueError(f"parallel.mode={mode!r} has no strategy. HINT: use parallel=ddp|zero|fsdp|hsdp|tp|pp")

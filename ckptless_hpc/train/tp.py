@@ -33,8 +33,9 @@ import torch.distributed as dist
 
 from . import fsdp
 from . import torch_private as P
-from ..state.snapshot import Entries, plain_meta
-from .fsdp_strategy import StepFailed, _is_comm_error
+from ..state.snapshot import Entries
+from .fsdp_strategy import StepFailed, _is_comm_error, apply_local, collect_local
+from .strategy import OneOptimizer
 
 
 def _shard_dim(t: torch.Tensor) -> Optional[int]:
@@ -68,7 +69,7 @@ def plan_of(task: Any, model: torch.nn.Module) -> Dict[str, Any]:
     return dict(plan)
 
 
-class TPStrategy:
+class TPStrategy(OneOptimizer):
     """``parallel=tp`` (train/strategy.py)."""
 
     sharded = True
@@ -84,22 +85,7 @@ class TPStrategy:
         self._norm: Optional[torch.Tensor] = None
         self.shard_dims: Dict[str, int] = {}
 
-    # ------------------------------------------------------------------ generations
-    def take_rank(self, rank: int) -> None:
-        pass  # parallelized (and given its optimizer) at the first bind, when the TP group exists
-
-    def hold(self, ranks: Any) -> None:
-        pass
-
-    def shards(self) -> List[int]:
-        return []
-
-    def parts(self) -> List[Tuple[torch.optim.Optimizer, Any]]:
-        return [(self.e.optimizer, self.e.scheduler)]
-
-    def scheduler_of(self, shard: Optional[int]) -> Any:
-        return self.e.scheduler
-
+    # ------------------------------------------------------------------ generations (parallelized, and given its optimizer, at the first bind)
     def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
         """The generation's TP and replicate groups (train/fsdp.py's hsdp groups), as ``comm.hsdp``."""
         e = self.e
@@ -237,33 +223,13 @@ class TPStrategy:
 
     # ------------------------------------------------------------------ state
     def collect(self, step: int, extra: Dict[str, Any], shard: Optional[int] = None) -> Tuple[Entries, Dict[str, Any]]:
-        e = self.e
-        entries = fsdp.own_entries(e.model, e.optimizer if self.mesh is not None else None)
-        task_scalars: Dict[str, Any] = {}
-        for k, v in sorted((e.task.state_dict() or {}).items()):
-            if torch.is_tensor(v):
-                entries.append((f"task/{k}", v))
-            else:
-                task_scalars[k] = v
-        hyper = [{k: v for k, v in g.items() if k != "params"} for g in e.optimizer.param_groups]
-        name_of = {id(p): n for n, p in e.model.named_parameters()}
-        groups = [[name_of[id(p)] for p in g["params"]] for g in e.optimizer.param_groups]
-        meta = {"step": step, "hyper": hyper, "groups": groups, "task_scalars": task_scalars, "shard_dims": dict(self.shard_dims), **extra}
-        return entries, plain_meta(meta)
+        return collect_local(self.e, step, {**extra, "shard_dims": dict(self.shard_dims)}, with_optimizer=self.mesh is not None)
 
     def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False, shard: Optional[int] = None) -> bool:
         """Copied in place; False while the model is not yet parallelized (a promoted spare:
         applied, with its metadata, at its first bind)."""
-        e = self.e
         if self.mesh is None:
             self._pending = (entries, meta)
             return False
-        fsdp.load_own(e.model, e.optimizer, [(n, t) for n, t in entries if not n.startswith("task/")])
-        task_sd: Dict[str, Any] = dict(meta.get("task_scalars", {}))
-        task_sd.update({n[len("task/") :]: t for n, t in entries if n.startswith("task/")})
-        if task_sd:
-            e.task.load_state_dict(task_sd)
-        for g, h in zip(e.optimizer.param_groups, meta.get("hyper", [])):
-            for k, v in h.items():
-                g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
+        apply_local(self.e, entries, meta)
         return True
