@@ -172,13 +172,7 @@ class FSDPStrategy(OneOptimizer):
         return broadcasts
 
     def evaluate(self, batch: Any) -> Any:
-        """The task's evaluate on the sharded model (its all-gathers can fail as a step's do)."""
-        try:
-            return self.e.task.evaluate(self.e.run_model, batch)
-        except Exception as err:
-            if _is_comm_error(err):
-                raise StepFailed(f"evaluation: {err}") from None
-            raise
+        return evaluate_sharded(self.e, batch)
 
     def divide(self, n: int) -> None:
         pass  # FSDP has averaged over the ranks (and the micro-batches: loss / K)
@@ -219,6 +213,17 @@ class FSDPStrategy(OneOptimizer):
             return False
         apply_local(self.e, entries, meta)
         return True
+
+
+def evaluate_sharded(e: Any, batch: Any) -> Any:
+    """The task's evaluate on a model whose forward runs collectives (FSDP2's all-gathers, tensor
+    parallel's): a failed one raises as in a step (``StepFailed``)."""
+    try:
+        return e.task.evaluate(e.run_model, batch)
+    except Exception as err:
+        if _is_comm_error(err):
+            raise StepFailed(f"evaluation: {err}") from None
+        raise
 
 
 def collect_local(e: Any, step: int, extra: Dict[str, Any], with_optimizer: bool) -> Tuple[Entries, Dict[str, Any]]:

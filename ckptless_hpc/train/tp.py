@@ -34,7 +34,7 @@ import torch.distributed as dist
 from . import fsdp
 from . import torch_private as P
 from ..state.snapshot import Entries
-from .fsdp_strategy import StepFailed, _is_comm_error, apply_local, collect_local
+from .fsdp_strategy import StepFailed, _is_comm_error, apply_local, collect_local, evaluate_sharded
 from .strategy import OneOptimizer
 
 
@@ -192,12 +192,7 @@ class TPStrategy(OneOptimizer):
         return (sharded + replicated).sqrt()
 
     def evaluate(self, batch: Any) -> Any:
-        try:
-            return self.e.task.evaluate(self.e.run_model, batch)
-        except Exception as err:
-            if _is_comm_error(err):
-                raise StepFailed(f"evaluation: {err}") from None
-            raise
+        return evaluate_sharded(self.e, batch)
 
     def divide(self, n: int) -> None:
         pass  # divided in the step, before the norm (a collective, computed there)
