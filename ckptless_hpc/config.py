@@ -29,7 +29,8 @@ DEVICES = ("auto", "cpu", "cuda")  # cluster.device (train/cuda.py resolves them
 COMMS = ("auto", "gloo", "nccl")  # cluster.comm
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("stop", "skip")
-PARALLEL_MODES = ("ddp", "zero", "fsdp", "hsdp", "tp")
+PARALLEL_MODES = ("ddp", "zero", "fsdp", "hsdp", "tp", "pp")
+PP_SCHEDULES = ("gpipe", "1f1b")  # parallel.pp_schedule (train/pp.py)
 MP_DTYPES = ("bf16", "fp16", "fp32")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # train.compile_backend  # parallel.param_dtype / reduce_dtype (FSDP2's MixedPrecisionPolicy)
 REDUCTIONS = ("auto", "allreduce", "fixed")
@@ -469,11 +470,16 @@ class ParallelConfig:
     """ddp: every rank holds all of it | zero: optimizer state sharded over the ranks |
     fsdp: parameters, gradients and optimizer state sharded (FSDP2) | hsdp: FSDP2 within a
     shard group of shard_size ranks, replicated across groups placed on different nodes | tp:
-    tensor parallel in groups of tp ranks (the task's plan), replicated across groups."""
+    tensor parallel in groups of tp ranks (the task's plan), replicated across groups | pp:
+    pipelines of pp stages (the task's split), replicated across pipelines."""
     shard_size: Optional[int] = None
     """hsdp: ranks per shard group (world must be a multiple)."""
     tp: Optional[int] = None
     """tp: ranks per tensor-parallel group, one replica of the model (world must be a multiple; the task gives the plan: Task.tp_plan)."""
+    pp: Optional[int] = None
+    """pp: stages per pipeline, one replica of the model on pp ranks (world must be a multiple; the task gives the stages: Task.pp_stage, pp_split, pp_loss)."""
+    pp_schedule: str = "gpipe"
+    """pp: torch.distributed.pipelining's schedule, gpipe | 1f1b (needs train.grad_accum >= parallel.pp); the micro-batches are train.grad_accum's."""
     param_dtype: Optional[str] = None
     """fsdp|hsdp: FSDP2's MixedPrecisionPolicy param_dtype, the dtype parameters are gathered and computed in (null: theirs; bf16 | fp16 | fp32)."""
     reduce_dtype: Optional[str] = None
@@ -532,6 +538,9 @@ class ParallelConfig:
         if p.mode == "tp":
             ParallelConfig.check_hsdp(p.get("tp"), need, shape, probes, field="parallel.tp", what="tp needs a tensor-parallel group size")
             return
+        if p.mode == "pp":
+            ParallelConfig.check_pp(p, t, need, shape, probes)
+            return
         if _is_int(r.factor) and r.factor >= 1:
             need(
                 r.factor <= c.nodes - 1,
@@ -540,6 +549,37 @@ class ParallelConfig:
                 f"each copy must live on a node other than its owner's and the job has {c.nodes} node(s): at most {c.nodes - 1} copies",
                 f"set replication.factor={max(0, c.nodes - 1)}, or raise cluster.nodes",
             )
+
+    @staticmethod
+    def check_pp(p: Any, t: Any, need: Need, shape: Shape, probes: "Probes") -> None:
+        """parallel=pp: a pipeline size dividing the world into replicas on different nodes (as
+        hsdp's shard groups), a schedule torch has, enough micro-batches for 1F1B, and nothing
+        the pipeline does not carry (evaluation, torch.compile)."""
+        ParallelConfig.check_hsdp(p.get("pp"), need, shape, probes, field="parallel.pp", what="pp needs a pipeline size (stages per replica)")
+        sched = p.get("pp_schedule", "gpipe")
+        need(sched in PP_SCHEDULES, "parallel.pp_schedule", sched, "unknown pipeline schedule", f"use one of {', '.join(PP_SCHEDULES)}")
+        if sched == "1f1b" and _is_int(p.get("pp")) and _is_int(t.grad_accum):
+            need(
+                t.grad_accum >= p.pp,
+                "train.grad_accum",
+                t.grad_accum,
+                f"parallel.pp_schedule=1f1b needs at least as many micro-batches as stages (parallel.pp={p.pp})",
+                f"set train.grad_accum={p.pp} or more, or parallel.pp_schedule=gpipe",
+            )
+        need(
+            not (_is_int(t.eval_every) and t.eval_every > 0),
+            "train.eval_every",
+            t.eval_every,
+            "parallel=pp does not evaluate yet (the pipeline's last stage would have to compute the task's metrics)",
+            "set train.eval_every=0, or evaluate the exported final/model.pt",
+        )
+        need(
+            not t.get("compile", False),
+            "train.compile",
+            t.get("compile"),
+            "parallel=pp runs the stages' own modules, not a compiled one",
+            "set train.compile=false",
+        )
 
     @staticmethod
     def check_hsdp(s: Any, need: Need, shape: Shape, probes: "Probes", field: str = "parallel.shard_size", what: str = "hsdp needs a shard group size") -> None:
@@ -789,16 +829,18 @@ def reduction(cfg: Any) -> str:
 def resume_shards(cfg: Any) -> int:
     """Files of a saved state for this layout: one (ddp) or one per shard."""
     mode, world = cfg.parallel.mode, Shape.of(cfg).world
-    return {"ddp": 1, "zero": world, "fsdp": world, "tp": cfg.parallel.get("tp") or 1}.get(mode, cfg.parallel.shard_size or 1)
+    return {"ddp": 1, "zero": world, "fsdp": world, "tp": cfg.parallel.get("tp") or 1, "pp": cfg.parallel.get("pp") or 1}.get(mode, cfg.parallel.shard_size or 1)
 
 
 def data_world(cfg: Any) -> int:
-    """The ranks that each train on a batch of their own: the world, less tensor parallel's
-    groups (the ranks of one TP group compute the same batch)."""
+    """The ranks that each train on a batch of their own: the world, less tensor and pipeline
+    parallel's groups (the ranks of one TP group, or of one pipeline, compute the same batch)."""
     world = Shape.of(cfg).world
     p = cfg.get("parallel") if hasattr(cfg, "get") else None
-    if p is not None and str(p.mode) == "tp" and _is_int(p.get("tp")) and p.tp >= 1:
-        return world // int(p.tp)
+    mode = str(p.mode) if p is not None else "ddp"
+    size = p.get(mode) if mode in ("tp", "pp") else None
+    if _is_int(size) and size >= 1:
+        return world // int(size)
     return world
 
 

@@ -46,6 +46,7 @@ class Layout:
             "fsdp": f"parameters and optimizer state sharded over {self.world} ranks (FSDP2), {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each shard on other nodes every {self.every} step(s)",
             "hsdp": f"FSDP2 in shard groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each shard",
             "tp": f"tensor parallel in groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each TP coordinate's shard",
+            "pp": f"pipelines of {self.shard_size} stages, {self.world // int(self.shard_size or 1)} replicas of each stage's shard",
         }[self.mode]
         tail = "a lost shard ends the job on the last-resort path" if n < 1 else f"survives {n} simultaneous node loss{'es' if n != 1 else ''}"
         return f"parallel={self.mode}: {what}; {tail}"

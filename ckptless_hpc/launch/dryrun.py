@@ -29,8 +29,8 @@ def placement(cfg: Any) -> List[str]:
         lines.append("replicas: data parallel, every rank holds the full model and optimizer state; any healthy rank is a state source")
     else:
         lines.append(f"state: {layout.describe()}")
-        if layout.mode == "tp":
-            lines += mesh_lines(shape, int(layout.shard_size or 1), lambda r: name(shape.node_of(r)))
+        if layout.mode in ("tp", "pp"):
+            lines += mesh_lines(shape, int(layout.shard_size or 1), lambda r: name(shape.node_of(r)), layout.mode)
         holders = layout.place({r: name(shape.node_of(r)) for r in range(shape.world)})
         for owner, hs in sorted(holders.items()):
             if hs:
@@ -39,16 +39,18 @@ def placement(cfg: Any) -> List[str]:
     return lines
 
 
-def mesh_lines(shape: Any, tp: int, node_of: Any) -> List[str]:
-    """The tensor-parallel mesh (replicas x tp): each coordinate's rank and node, and each TP
-    coordinate's replicas, which hold its shard (the copies that survive a node)."""
+def mesh_lines(shape: Any, tp: int, node_of: Any, mode: str = "tp") -> List[str]:
+    """The tensor-parallel mesh (replicas x tp) or the pipelines (replicas x pp stages): each
+    coordinate's rank and node, and each coordinate's replicas, which hold its shard (the copies
+    that survive a node)."""
     replicas = shape.world // tp
-    out = [f"mesh: {replicas} replica(s) x tp {tp} (replica r, TP coordinate c = rank r*{tp}+c)"]
+    coord, title, c_ = ("TP coordinate", "TP coordinate", "c") if mode == "tp" else ("stage", "Stage", "s")
+    out = [f"mesh: {replicas} replica(s) x {mode} {tp} (replica r, {coord} {c_} = rank r*{tp}+{c_})"]
     for r in range(replicas):
-        out.append(f"  replica {r}: " + ", ".join(f"c{c}=rank {r * tp + c}@{node_of(r * tp + c)}" for c in range(tp)))
+        out.append(f"  replica {r}: " + ", ".join(f"{c_}{c}=rank {r * tp + c}@{node_of(r * tp + c)}" for c in range(tp)))
     for c in range(tp):
         nodes = sorted({node_of(r * tp + c) for r in range(replicas)})
-        out.append(f"  TP coordinate {c}: held by {replicas} replica(s) on {len(nodes)} node(s) ({', '.join(nodes)})")
+        out.append(f"  {title} {c}: held by {replicas} replica(s) on {len(nodes)} node(s) ({', '.join(nodes)})")
     return out
 
 

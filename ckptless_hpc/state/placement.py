@@ -21,17 +21,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-SHARDED = ("zero", "fsdp", "hsdp", "tp")
+SHARDED = ("zero", "fsdp", "hsdp", "tp", "pp")
 LOST = "state lost: "  # the prefix of a plan's reason when some shard is held by nobody
 REPLICATED_BY_COPIES = ("zero", "fsdp")  # unique per-rank state: copies are sent to holders
-REPLICA_GROUPS = ("hsdp", "tp")  # groups of ``shard_size`` ranks, each a replica: the same index in every group holds the same shard
+REPLICA_GROUPS = ("hsdp", "tp", "pp")  # groups of ``shard_size`` ranks, each a replica: the same index in every group holds the same shard
 
 
 def group_size(parallel: Any) -> Optional[int]:
-    """Ranks per replica group of a ``parallel`` config: hsdp's shard_size, tp's tp (else None)."""
+    """Ranks per replica group of a ``parallel`` config: hsdp's shard_size, tp's tp, pp's pp (else None)."""
     mode = str(getattr(parallel, "mode", "ddp"))
-    if mode == "tp":
-        return getattr(parallel, "tp", None)
+    if mode in ("tp", "pp"):
+        return getattr(parallel, mode, None)
     return getattr(parallel, "shard_size", None)
 
 
@@ -41,8 +41,8 @@ def node_order(name: str) -> tuple:
 
 
 def shard_of(mode: str, rank: int, shard_size: Optional[int]) -> int:
-    """The shard id rank ``rank`` holds (its own number, or its index in its hsdp shard group or
-    tp group)."""
+    """The shard id rank ``rank`` holds (its own number, or its index in its hsdp shard group, tp
+    group or pipeline: its stage)."""
     if mode in REPLICA_GROUPS:
         return rank % int(shard_size or 1)
     return rank

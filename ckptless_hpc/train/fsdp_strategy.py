@@ -227,7 +227,7 @@ def evaluate_sharded(e: Any, batch: Any) -> Any:
 
 
 def collect_local(e: Any, step: int, extra: Dict[str, Any], with_optimizer: bool) -> Tuple[Entries, Dict[str, Any]]:
-    """A rank's local state (the modes whose parameters are DTensors: fsdp, hsdp, tp): its local
+    """A rank's local state (fsdp, hsdp and tp, whose parameters are DTensors; pp, a stage's): its local
     tensors (:func:`.fsdp.own_entries`), the task's tensors, and in the metadata the optimizer's
     hyper-parameters, its parameters by name (state/dcp.py) and the task's scalars."""
     entries = fsdp.own_entries(e.model, e.optimizer if with_optimizer else None)

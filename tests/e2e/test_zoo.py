@@ -10,8 +10,9 @@ a fresh model and equals the same training as a plain PyTorch loop in one proces
 ``ckptless-hpc export`` of the run gives the same file's tensors.
 
 CI runs the pairs in ``PAIRS`` (each mode, each model and the failures of issue 30 at least once);
-``CKPTLESS_ZOO=full`` runs every mode with every model it can carry (21 pairs, about 12 minutes
-here). Under ``parallel=tp`` the node killed holds a whole TP group (ranks 2 and 3).
+``CKPTLESS_ZOO=full`` runs every mode with every model it can carry (about 12 minutes
+here). Under ``parallel=tp`` the node killed holds a whole TP group (ranks 2 and 3), under
+``parallel=pp`` a whole pipeline (its two stages), with gpipe and with 1F1B (2 micro-batches).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ MODELS = {
     "cnn": "models.cnn.CNNTask",
     "counters": "models.counters.CountersTask",
     "llama_tp": "models.llama.LlamaTPTask",  # wq/wk/wv apart and a tensor-parallel plan (tp_plan)
+    "llama_pp": "models.llama.LlamaPPTask",  # pipeline stages (pp_stage, pp_split, pp_loss), torchtitan's manual split
 }
 MODES = {
     "ddp": ("parallel=ddp",),
@@ -45,8 +47,12 @@ MODES = {
     "fsdp": ("parallel=fsdp",),
     "hsdp": ("parallel=hsdp", "parallel.shard_size=1"),  # two replicas, on two nodes
     "tp": ("parallel=tp", "parallel.tp=2", "cluster.workers_per_node=2", "train.clip_grad_norm=0.5"),  # a TP group of 2 per node, two replicas; the norm's sum over the group bites
+    # a pipeline of 2 stages per node, two replicas (gpipe; 1F1B over 2 micro-batches); the norm's sum over the pipeline bites
+    "pp": ("parallel=pp", "parallel.pp=2", "cluster.workers_per_node=2", "train.clip_grad_norm=0.5"),
+    "pp_1f1b": ("parallel=pp", "parallel.pp=2", "parallel.pp_schedule=1f1b", "train.grad_accum=2", "cluster.workers_per_node=2", "train.clip_grad_norm=0.5"),
 }
 TP_MODELS = {"llama_tp"}  # the models with a tp_plan
+PP_MODELS = {"llama_pp"}  # the models with pipeline stages
 SHAPE = ("cluster.nodes=2", "cluster.spare_nodes=2", "train.steps=12", "optim.warmup_steps=2")
 FAST_HB = ("cluster.heartbeat_interval_s=0.25", "cluster.heartbeat_timeout_s=1.5")
 FAULTS = (
@@ -56,9 +62,9 @@ FAULTS = (
 # CI's pairs: every mode and every model; the failures of issue 30: zero with the fused QKV under
 # an update kill (1), fsdp with a complex buffer and a hook that gathers DTensors (2, 3), zero with
 # a tie whose tensor rank 0 does not own (4)
-PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_tp")]
+PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_tp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp")]
 if os.environ.get("CKPTLESS_ZOO") == "full":
-    PAIRS = [(mode, model) for mode in MODES for model in MODELS if mode != "tp" or model in TP_MODELS]
+    PAIRS = [(mode, model) for mode in MODES for model in MODELS if (mode != "tp" or model in TP_MODELS) and (not mode.startswith("pp") or model in PP_MODELS)]
 
 
 def _cfg(mode: str, model: str) -> tuple:
@@ -101,6 +107,25 @@ def test_every_mode_carries_the_zoo_model(mode, model, job, baseline):
     assert tools_main(["export", str(res.run_dir), "--out", str(out)], out=io.StringIO()) == 0
     exported = torch.load(out, weights_only=True)
     assert exported.keys() == got.keys() and all(torch.equal(exported[k], got[k]) for k in got)
+
+
+@pytest.mark.parametrize("mode", ["pp", "pp_1f1b"])
+def test_a_pipeline_reports_the_global_batchs_mean_loss_and_norm(mode, baseline):
+    """Only a pipeline's last stage computes losses and each stage holds a part of the gradient;
+    the reported loss and gradient norm of every step are still the global batch's: equal to those
+    of a ddp run of the same task over as many ranks as there are pipelines (the pair's own
+    fault-free run against a ddp run)."""
+    pp = baseline.result(*_cfg(mode, "llama_pp"), *FAST_HB, env=ENV)
+    same = tuple(o for o in MODES[mode] if o.startswith("train."))
+    ddp = baseline.result("~task", f"+task._target_={MODELS['llama_pp']}", *SHAPE, "parallel=ddp", "cluster.workers_per_node=1", *same, env=ENV)
+
+    def steps(res):
+        return {e["step"]: (e["loss"], e["grad_norm"]) for e in res.of("step")}
+
+    got, want = steps(pp), steps(ddp)
+    assert got.keys() == want.keys() and len(got) == 12
+    for k, (loss, norm) in want.items():
+        assert abs(got[k][0] - loss) <= 1e-6 * loss and abs(got[k][1] - norm) <= 1e-5 * norm, (k, got[k], (loss, norm))
 
 
 def _restores_through_dcp(task, composed, path, want: dict) -> None:

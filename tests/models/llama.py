@@ -204,3 +204,47 @@ class LlamaTPTask(LlamaTask):
             plan.update({f"{a}.wq": ColwiseParallel(), f"{a}.wk": ColwiseParallel(), f"{a}.wv": ColwiseParallel(), f"{a}.wo": RowwiseParallel()})
             plan.update({f"{f}.w1": ColwiseParallel(), f"{f}.w3": ColwiseParallel(), f"{f}.w2": RowwiseParallel()})
         return plan
+
+
+class LlamaPP(Llama):
+    """The decoder whose forward skips the modules a pipeline stage does not hold (None), as
+    torchtitan's Llama does: the first stage takes tokens, a later one the previous stage's
+    hidden states; only the last stage has the norm and the output head."""
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        freqs_cis = self.freqs_cis[: h.shape[1]]
+        for layer in self.layers.values():
+            h = layer(h, freqs_cis)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
+
+
+class LlamaPPTask(LlamaTask):
+    """The same decoder cut into pipeline stages the way torchtitan's manual split cuts its Llama
+    (``pipeline_llama_manual_split``): stage s of n keeps the layers [s*L//n, (s+1)*L//n) and
+    deletes the others from the model itself (the names stay the model's), the first stage keeps
+    the embedding, the last the norm and the output head; the rest are set to None."""
+
+    def build_model(self) -> nn.Module:
+        return LlamaPP(self.vocab, self.dim, self.n_layers, max_seq=self.seq_len + 4)
+
+    def pp_stage(self, model: nn.Module, stage: int, n_stages: int) -> nn.Module:
+        names = list(model.layers)
+        lo, hi = stage * len(names) // n_stages, (stage + 1) * len(names) // n_stages
+        for name in names[:lo] + names[hi:]:
+            del model.layers[name]
+        if stage > 0:
+            model.tok_embeddings = None
+        if stage < n_stages - 1:
+            model.norm = None
+            model.output = None
+        return model
+
+    def pp_split(self, batch: torch.Tensor) -> tuple:
+        """(the first stage's input, the last stage's target): the tokens and the next tokens."""
+        return batch[:, :-1], batch[:, 1:]
+
+    def pp_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """:meth:`loss` on the last stage's output: ``loss(model, batch) == pp_loss(model(x), y)``."""
+        return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))

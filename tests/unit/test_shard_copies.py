@@ -172,7 +172,7 @@ def _cfg(**over):
 @pytest.mark.parametrize(
     "over,field,says",
     [
-        ({"parallel.mode": "tp"}, "parallel.mode", "unknown parallel mode"),
+        ({"parallel.mode": "sp"}, "parallel.mode", "unknown parallel mode"),
         ({"parallel.mode": "zero", "replication.factor": 2}, "replication.factor", "at most 1 copies"),
         ({"parallel.mode": "fsdp", "train.precision": "fp16"}, "train.precision", "fp16"),
         ({"parallel.mode": "hsdp", "parallel.shard_size": 3}, "parallel.shard_size", "divides the world size 2"),

@@ -1,0 +1,303 @@
+"""``parallel=pp``: pipeline parallel inside each replica, data parallel across replicas.
+
+The ranks form pipelines of ``parallel.pp`` consecutive ranks (one replica of the model, best
+on one node): rank ``r*P + s`` is stage ``s`` of replica ``r``; the ranks of the same stage in
+every replica form the replicate group. Both are formed per generation as hsdp's are
+(:func:`.fsdp.form_hsdp_groups`: ``comm.hsdp.shard`` is the pipeline, ``comm.hsdp.replicate``
+the replicate group).
+
+The stages come from the task, as torchtitan makes them: every rank builds the whole model
+(seeded, the same everywhere: the state's names are the whole model's), then
+``Task.pp_stage(model, stage, n_stages)`` returns this rank's stage, the model with the other
+stages' modules removed (torchtitan's ``pipeline_llama_manual_split`` deletes the layers a
+stage does not own and sets the embedding, norm and head to None; the model's forward skips
+what is None), its parameters the model's own under the model's names. The batch reaches the
+stages through ``Task.pp_split(batch) -> (inputs, target)`` (the first stage's input, the last
+stage's loss target) and the loss through ``Task.pp_loss(output, target)``, the task's loss on
+the last stage's output (``loss(model, batch) == pp_loss(model(inputs), target)``).
+
+A step: a ``torch.distributed.pipelining`` schedule (``parallel.pp_schedule``: ``gpipe`` or
+``1f1b``) over a ``PipelineStage`` of this rank's module on the pipeline group, with the step's
+``train.grad_accum`` micro-batches as its micro-batches: the first stage feeds them, the last
+computes their losses. The stage and its schedule are built at every generation's bind around
+the same module (torch's stage keeps its group, its peers' ranks and the shapes it inferred;
+a new one infers them again on the new group in its first step: a few small messages). Then
+each parameter's gradient (the sum over this replica's micro-batches) is summed over the
+replicate group and divided into the mean over the global batch; the norm is each stage's
+squares summed over the pipeline. The loss the engine reports is the mean over the world's
+ranks and micro-batches: the last stage adds each micro-batch's loss ``P`` times (the other
+stages add nothing), as the ranks of a TP group each add the same loss.
+
+Each micro-batch's forward is seeded for its data rank (``rank // P``) and index: the first
+stage as the engine seeds a rank's forward (the one-process reference's dropout for it), a
+later stage with a seed of its own (a pipeline cannot continue the first stage's random stream;
+with dropout after the first stage the masks differ from the reference's, not their law).
+
+State: this rank's stage, whole (:func:`.fsdp.own_entries` of the stage's module: its
+parameters, buffers and optimizer state, under the whole model's names); the stages' names are
+disjoint, so the export's union of the shards (:func:`ckptless_hpc.state.export.job_view`) is
+the whole model. A lost rank's state is its stage's, held by the same stage of every other
+replica: no copy is ever sent (as hsdp and tp).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import fsdp
+from ..state.snapshot import Entries
+from ..tasks.base import mix_seed
+from .data import forward_seed
+from .fsdp_strategy import StepFailed, _is_comm_error, apply_local, collect_local
+from .replicated import BufferSync
+from .strategy import OneOptimizer
+
+SCHEDULES = ("gpipe", "1f1b")  # parallel.pp_schedule
+
+
+def stage_of(task: Any, model: torch.nn.Module, stage: int, n_stages: int) -> torch.nn.Module:
+    """The task's stage ``stage`` of ``n_stages`` of ``model`` (``Task.pp_stage``), checked: its
+    parameters are the model's own under the model's names (the state's names), and a parameter
+    tied to another (one tensor under several names) is tied only inside the stage."""
+    for name in ("pp_stage", "pp_split", "pp_loss"):
+        if not callable(getattr(task, name, None)):
+            raise ValueError(
+                f"parallel=pp needs {type(task).__name__}.{name}: pp_stage(model, stage, n_stages) -> the stage's module (the model with the "
+                "other stages' modules removed, as torchtitan splits its models), pp_split(batch) -> (inputs, target), pp_loss(output, target) -> "
+                "the loss. HINT: add them to the task (tests/models/llama.py's LlamaPPTask is an example), or use parallel=ddp|fsdp|tp"
+            )
+    every = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        every.setdefault(id(p), []).append(n)
+    module = task.pp_stage(model, stage, n_stages)
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"{type(task).__name__}.pp_stage returned a {type(module).__name__}, not a torch.nn.Module. HINT: return the stage's module")
+    mine: Dict[int, List[str]] = {}
+    for n, p in module.named_parameters(remove_duplicate=False):
+        mine.setdefault(id(p), []).append(n)
+    for pid, names in mine.items():
+        if pid not in every or not set(names) <= set(every[pid]):
+            raise ValueError(
+                f"{type(task).__name__}.pp_stage({stage}): the stage's parameter {names[0]} is not the model's parameter of that name "
+                f"(the model names it {every.get(pid, ['nothing'])[0]}). HINT: remove the other stages' modules from the model itself "
+                "(del model.layers[i]; model.output = None), so that the stage keeps the model's names"
+            )
+        if set(names) != set(every[pid]):
+            raise ValueError(
+                f"{type(task).__name__}.pp_stage({stage}): the parameter {every[pid][0]} is tied to {sorted(set(every[pid]) - set(names))}, "
+                "which another stage holds: each stage would train its own copy. HINT: untie it, or keep the tied modules in one stage"
+            )
+    if not mine:
+        raise ValueError(f"{type(task).__name__}.pp_stage({stage}, {n_stages}) has no parameters. HINT: give every stage a part of the model (fewer stages: parallel.pp)")
+    return module
+
+
+def _seeded_stage(base: Any) -> Any:
+    """A ``PipelineStage`` class that seeds each micro-batch's forward (``seed(index)``) right
+    before it runs: torch's schedules call ``forward_one_chunk`` once per micro-batch, in any
+    order the schedule likes, while its shape inference calls the module outside of it."""
+
+    class SeededStage(base):  # type: ignore[misc, valid-type]
+        seed: Callable[[int], None] = staticmethod(lambda i: None)
+
+        def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
+            self.seed(fwd_chunk_id)
+            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
+    return SeededStage
+
+
+class PPStrategy(OneOptimizer):
+    """``parallel=pp`` (train/strategy.py)."""
+
+    sharded = True
+
+    def __init__(self, engine: Any) -> None:
+        self.e = engine
+        p = engine.cfg.parallel
+        self.pp = int(p.pp)
+        self.schedule_name = str(p.get("pp_schedule", "gpipe"))
+        self.same_batch = self.pp  # the ranks of a pipeline compute the same batch
+        self.stage_index = -1
+        self.module: Optional[torch.nn.Module] = None  # this rank's stage, built at the first bind
+        self.pp_group: Any = None
+        self.rep_group: Any = None
+        self.rep_comm: Any = None
+        self.schedule: Any = None
+        self._pending: Optional[Tuple[Entries, Dict[str, Any]]] = None
+        self._norm: Optional[torch.Tensor] = None
+        self._step = 0
+
+    # ------------------------------------------------------------------ generations (cut to its stage, and given its optimizer, at the first bind)
+    def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
+        """The generation's pipeline and replicate groups (train/fsdp.py's hsdp groups), as ``comm.hsdp``."""
+        e = self.e
+        comm.hsdp = fsdp.form_hsdp_groups(store, comm.gen, comm.rank, comm.world, self.pp, host, timeout_s, e.device, comm.backend)
+
+    def let_go(self, comm: Any) -> bool:
+        """The generation's groups are destroyed at once, in a thread (a peer blocked in one that
+        did not fail here is released only then), after the stage and schedule let go of them."""
+        self.e.comm = None
+        self.schedule = None
+        objs: List[Any] = [comm]
+        hs = getattr(comm, "hsdp", None)
+        if hs is not None:
+            objs += hs.groups()
+            comm.hsdp = None
+        self.pp_group = self.rep_group = self.rep_comm = None
+        fsdp.release_in_background(objs)
+        return True
+
+    def warm_up(self) -> Optional[Dict[str, float]]:
+        return None
+
+    def layout(self) -> Dict[str, int]:
+        return {"buckets": 0}
+
+    def bind(self, comm: Any) -> None:
+        """The first generation: the model cut to this rank's stage, then the optimizer and
+        scheduler built over the stage's parameters; every generation: a new stage and schedule
+        on its pipeline group, around the same module."""
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        e = self.e
+        hs = comm.hsdp
+        self.pp_group, self.rep_group, self.rep_comm = hs.shard, hs.replicate, hs.comms[1]
+        if self.module is None:
+            fsdp.stable_default_group(comm.rank, comm.world)
+            self.stage_index = comm.rank % self.pp
+            self.module = stage_of(e.task, e.model, self.stage_index, self.pp)
+            e.model = e.run_model = self.module
+            e.buffers = BufferSync(self.module)  # this stage's buffers, from replica 0's same stage
+            e.optimizer = e.task.build_optimizer(self.module, e.cfg.optim)
+            e.scheduler = e.build_scheduler()
+            if self._pending is not None:
+                entries, meta = self._pending
+                self._pending = None
+                self.apply(entries, meta)
+                e.apply_meta(meta)
+        stage = _seeded_stage(PipelineStage)(self.module, self.stage_index, self.pp, e.device, group=self.pp_group)
+        data_rank = comm.rank // self.pp
+        stage.seed = lambda micro: self._seed(data_rank, micro)
+        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule_name]
+        task = e.task
+        # scale_grads=False: the gradients stay sums over the micro-batches, made the global mean below
+        self.schedule = kind(stage, n_microbatches=e.micro_batches, loss_fn=lambda out, target: _loss(task, out, target), scale_grads=False)
+
+    def _seed(self, data_rank: int, micro: int) -> None:
+        seed = int(self.e.cfg.train.seed)
+        if self.stage_index == 0:
+            forward_seed(seed, self._step, data_rank, micro)
+        else:
+            torch.manual_seed(mix_seed(seed, self._step, data_rank, micro, 5, self.stage_index))
+
+    # ------------------------------------------------------------------ one step
+    def begin(self, comm: Any, wait: Callable[[List[Any]], None]) -> None:
+        self._norm = None
+
+    def _inputs(self, step: int) -> Tuple[Any, Any]:
+        """The step's micro-batches, split by the task into the first stage's inputs and the last
+        stage's targets, each joined along dim 0 (the schedule splits them back, in order)."""
+        e = self.e
+        ins, targets = [], []
+        for micro in range(e.micro_batches):
+            x, y = e.task.pp_split(e.feed.get(step, micro))
+            ins.append(x.to(e.device))
+            targets.append(y.to(e.device))
+        sizes = {int(t.shape[0]) for t in ins + targets}
+        if len(sizes) != 1:
+            raise ValueError(f"{type(e.task).__name__}.pp_split gave micro-batches of sizes {sorted(sizes)} (dim 0). HINT: parallel=pp needs micro-batches of one size")
+        return torch.cat(ins), torch.cat(targets)
+
+    def forward_backward(self, step: int, comm: Any, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> Optional[torch.Tensor]:
+        """The pipeline's forwards and backwards, the gradients summed over the replicas and made
+        the global mean, the loss's all-reduce and the buffers' broadcast waited on, then the norm."""
+        e = self.e
+        e.optimizer.zero_grad(set_to_none=True)
+        self._step = step
+        first, last = self.stage_index == 0, self.stage_index == self.pp - 1
+        try:
+            x, y = self._inputs(step)
+            losses: List[torch.Tensor] = []
+            args = (x,) if first else ()
+            with e.autocast():
+                if last:
+                    self.schedule.step(*args, target=y, losses=losses, return_outputs=False)
+                else:
+                    self.schedule.step(*args, return_outputs=False)
+            for loss in losses:  # counted once per rank of the pipeline: the engine divides by world x micro-batches
+                e.add_loss(loss.detach().to(torch.float64) * self.pp)
+            broadcasts = e.buffers.launch(self.rep_comm) if e.buffers else []
+            on_backward()
+            replicas_batches = (e.world // self.pp) * e.micro_batches
+            for p in self.module.parameters():  # type: ignore[union-attr]
+                if p.grad is not None:
+                    dist.all_reduce(p.grad, group=self.rep_group)
+                    p.grad.div_(replicas_batches)  # the mean over the global batch, before the norm
+            wait([comm.allreduce(e.reduction())] + broadcasts)
+            self._norm = self._collective_norm()
+        except Exception as err:
+            if _is_comm_error(err):
+                raise StepFailed(f"step {step}: {err}") from None
+            raise
+        return self._norm
+
+    def _collective_norm(self) -> torch.Tensor:
+        """The global L2 norm: each stage's squares, summed over the pipeline (the stages hold
+        disjoint parameters; every replica holds the same reduced gradients)."""
+        sq = torch.zeros((), dtype=torch.float64)
+        for p in self.module.parameters():  # type: ignore[union-attr]
+            if p.grad is not None:
+                sq += torch.linalg.vector_norm(p.grad, 2, dtype=torch.float64).pow(2).cpu()
+        dist.all_reduce(sq, group=self.pp_group)
+        return sq.sqrt()
+
+    def evaluate(self, batch: Any) -> Any:
+        raise ValueError("parallel=pp does not evaluate (train.eval_every). HINT: set train.eval_every=0")  # refused by the config's checks
+
+    def divide(self, n: int) -> None:
+        pass  # divided in the step, before the norm (a collective, computed there)
+
+    def grad_norm(self) -> torch.Tensor:
+        assert self._norm is not None, "the norm is computed inside the step (forward_backward)"
+        return self._norm
+
+    def clip(self, max_norm: float, norm: torch.Tensor) -> None:
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        with torch.no_grad():
+            for p in self.module.parameters():  # type: ignore[union-attr]
+                if p.grad is not None:
+                    p.grad.mul_(coef.to(p.grad.dtype))
+
+    def stepped(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        for p in self.e.model.parameters():
+            p.grad = None
+
+    # ------------------------------------------------------------------ state
+    def collect(self, step: int, extra: Dict[str, Any], shard: Optional[int] = None) -> Tuple[Entries, Dict[str, Any]]:
+        """The stage's parameters, buffers and optimizer state, whole, under the model's names."""
+        return collect_local(self.e, step, extra, with_optimizer=self.module is not None)
+
+    def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False, shard: Optional[int] = None) -> bool:
+        """Copied in place; False while the model is not yet cut to its stage (a promoted spare:
+        applied, with its metadata, at its first bind)."""
+        if self.module is None:
+            self._pending = (entries, meta)
+            return False
+        apply_local(self.e, entries, meta)
+        return True
+
+
+def _loss(task: Any, output: Any, target: Any) -> torch.Tensor:
+    """The task's loss of one micro-batch on the last stage's output (a tensor: the task's own
+    metrics cannot ride the pipeline)."""
+    loss = task.pp_loss(output, target)
+    if not torch.is_tensor(loss):
+        raise ValueError(f"{type(task).__name__}.pp_loss returned a {type(loss).__name__}, not a tensor. HINT: return the loss alone under parallel=pp")
+    return loss

@@ -1,0 +1,190 @@
+"""parallel=pp without processes: the config's checks, where each rank's stage comes from, the
+data each rank trains on, the task's stages checked and equal to the whole model, the seeds, and
+the export joining the stages' shards (disjoint names) into the whole model (the end-to-end
+proof: tests/e2e/test_zoo.py, pp-llama_pp and pp_1f1b-llama_pp)."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from ckptless_hpc.config import data_world, global_batch, register_configs, resume_shards, validation_errors
+from ckptless_hpc.coordinator.sharding import Layout
+from ckptless_hpc.launch.probes import PROBES
+from ckptless_hpc.state import dcp as state_dcp
+from ckptless_hpc.state import export
+from ckptless_hpc.state.views import UserView, model_tensors
+from ckptless_hpc.train.data import forward_seed
+from ckptless_hpc.train.pp import PPStrategy, stage_of
+from models.llama import LlamaPPTask, LlamaTask
+
+pytestmark = pytest.mark.timeout(60)
+register_configs()
+PP = ("parallel=pp", "cluster.workers_per_node=2")
+
+
+def cfg(*overrides: str):
+    with initialize_config_module(config_module="ckptless_hpc.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=["task=mlp", *overrides])
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (("parallel.pp=3",), "parallel.pp=3: pp needs a pipeline size (stages per replica) that divides the world size 4"),
+        (("parallel.pp=4",), "parallel.pp=4: pp needs a pipeline size (stages per replica) that divides the world size 4 into at least 2 replicas"),
+        (("parallel.pp=2", "cluster.nodes=1", "cluster.workers_per_node=4"), "parallel.pp=2: every replica of some shard lives on one node"),
+        (("parallel.pp_schedule=interleaved_1f1b",), "parallel.pp_schedule='interleaved_1f1b': unknown pipeline schedule"),
+        (("parallel.pp_schedule=1f1b", "train.grad_accum=1"), "train.grad_accum=1: parallel.pp_schedule=1f1b needs at least as many micro-batches as stages (parallel.pp=2)"),
+        (("train.eval_every=5",), "train.eval_every=5: parallel=pp does not evaluate yet"),
+        (("train.compile=true",), "train.compile=True: parallel=pp runs the stages' own modules"),
+        (("cluster.nodes=3", "cluster.min_nodes=2"), "parallel.mode=pp cannot shrink yet"),
+        (("parallel.param_dtype=bf16",), "FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not pp"),
+    ],
+)
+def test_a_pp_layout_that_cannot_work_is_refused_naming_the_field(overrides, needle):
+    errors = validation_errors(cfg(*PP, *overrides), PROBES)
+    assert any(needle in e and "HINT" in e for e in errors), errors
+
+
+def test_the_layout_replicas_hold_the_same_stage_and_one_data_rank_per_pipeline():
+    c = cfg(*PP, "parallel.pp=2", "cluster.nodes=3")
+    assert validation_errors(c, PROBES) == []
+    assert validation_errors(cfg(*PP, "parallel.pp_schedule=1f1b", "train.grad_accum=2"), PROBES) == []
+    lay = Layout(c)
+    assert lay.shard_of == {0: 0, 1: 1, 2: 0, 3: 1, 4: 0, 5: 1} and lay.shards == 2 and lay.factor == 0
+    assert lay.survives() == 2 and "pipelines of 2 stages, 3 replicas of each stage's shard" in lay.describe()
+    assert data_world(c) == 3 and "x world 3" in global_batch(c, 4) and resume_shards(c) == 2
+
+
+def test_the_dry_run_prints_the_pipelines_and_where_each_stage_lives():
+    from ckptless_hpc.launch.dryrun import placement
+
+    lines = placement(cfg(*PP, "parallel.pp=2", "cluster.nodes=3"))
+    assert "mesh: 3 replica(s) x pp 2 (replica r, stage s = rank r*2+s)" in lines
+    assert "  replica 1: s0=rank 2@local1, s1=rank 3@local1" in lines
+    assert "  Stage 1: held by 3 replica(s) on 3 node(s) (local0, local1, local2)" in lines
+    assert any("survives 2 simultaneous node losses" in x for x in lines)
+
+
+@pytest.mark.parametrize("n_layers, n_stages", [(2, 2), (4, 2), (4, 3)])
+def test_the_stages_hold_the_models_own_parameters_once_and_compose_to_the_model(n_layers, n_stages):
+    """Every stage keeps the whole model's names; the stages' names are disjoint and cover the
+    model; running the stages one after another is the model's forward, bit for bit, and the
+    pipeline's loss is the task's."""
+    task = LlamaPPTask(n_layers=n_layers)
+    torch.manual_seed(0)
+    full = task.build_model()
+    names = {n for n, _ in full.named_parameters()}
+    stages = [stage_of(task, copy.deepcopy(full), s, n_stages) for s in range(n_stages)]
+    held = [{n for n, _ in st.named_parameters()} for st in stages]
+    assert set().union(*held) == names and sum(map(len, held)) == len(names)
+    assert "tok_embeddings.weight" in held[0] and "output.weight" in held[-1] and "norm.weight" in held[-1]
+    batch = task.batch(0, 0, 1, torch.Generator().manual_seed(1))
+    x, y = task.pp_split(batch)
+    h = x
+    for st in stages:
+        h = st(h)
+    assert torch.equal(h, full(x))
+    assert torch.equal(task.pp_loss(h, y), task.loss(full, batch))
+
+
+def test_a_task_without_stages_or_with_wrong_ones_is_refused_with_a_hint():
+    with pytest.raises(ValueError, match=r"parallel=pp needs LlamaTask.pp_stage.*HINT"):
+        stage_of(LlamaTask(), LlamaTask().build_model(), 0, 2)
+
+    class Renamed(LlamaPPTask):
+        def pp_stage(self, model, stage, n_stages):
+            return torch.nn.Sequential(model.tok_embeddings, model.layers["0"]) if stage == 0 else super().pp_stage(model, stage, n_stages)
+
+    with pytest.raises(ValueError, match=r"the stage's parameter 0.weight is not the model's parameter of that name.*HINT"):
+        stage_of(Renamed(), Renamed().build_model(), 0, 2)
+
+    class Tied(LlamaPPTask):
+        def build_model(self):
+            m = super().build_model()
+            m.output.weight = m.tok_embeddings.weight  # embedding on the first stage, head on the last
+            return m
+
+    with pytest.raises(ValueError, match=r"tied to \['output.weight'\], which another stage holds.*HINT"):
+        stage_of(Tied(), Tied().build_model(), 0, 2)
+    with pytest.raises(ValueError, match=r"pp_stage\(1, 3\) has no parameters.*HINT"):
+        stage_of(LlamaPPTask(n_layers=1), LlamaPPTask(n_layers=1).build_model(), 1, 3)
+
+
+def _strategy(module, optimizer, task, stage: int, pp: int = 2) -> PPStrategy:
+    """A PPStrategy over one stage, without groups (collect and apply only)."""
+    conf = OmegaConf.create({"parallel": {"mode": "pp", "pp": pp, "pp_schedule": "gpipe"}, "train": {"seed": 7}})
+    s = PPStrategy(SimpleNamespace(cfg=conf, model=module, optimizer=optimizer, task=task))
+    s.module, s.stage_index = module, stage
+    return s
+
+
+def test_the_stages_shards_join_into_the_model_and_its_optimizer():
+    """What each stage's rank saves (PPStrategy.collect: its own parameters, buffers and optimizer
+    state under the whole model's names) joins, by name, into the whole model (final/model.pt,
+    export: loadable strictly into the task's model) and the whole optimizer's state (final/dcp);
+    a copy missing a stage is refused."""
+    task = LlamaPPTask(n_layers=3)
+    torch.manual_seed(0)
+    full = task.build_model()
+    opt = torch.optim.AdamW(full.parameters(), lr=1e-2)
+    for s in range(2):
+        task.loss(full, task.batch(s, 0, 1, torch.Generator().manual_seed(s))).backward()
+        opt.step()
+        opt.zero_grad()
+    view = UserView.of(full).to_json([n for n, _ in model_tensors(full)])
+    shards = []
+    for s in range(2):
+        mine, mine_opt = copy.deepcopy((full, opt))
+        stage = task.pp_stage(mine, s, 2)
+        stage_opt = torch.optim.AdamW(stage.parameters(), lr=1e-2)
+        for p in stage.parameters():
+            stage_opt.state[p] = mine_opt.state[p]
+        shards.append(_strategy(stage, stage_opt, task, s).collect(2, {"user_view": view}))
+    assert not {n for n, _ in shards[0][0] if n.startswith("param/")} & {n for n, _ in shards[1][0] if n.startswith("param/")}
+    got = export.full_model(shards, build_model=task.build_model)  # its fused wqkv is presented as wq/wk/wv by a fresh model
+    want = full.state_dict()
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    task.build_model().load_state_dict(got)  # strict
+    merged = state_dcp.optimizer_state(shards)
+    for n, p in full.named_parameters():
+        assert all(torch.equal(merged["state"][n][k], v) for k, v in opt.state[p].items()), n
+    assert sorted(merged["param_groups"][0]["params"]) == sorted(n for n, _ in full.named_parameters())
+    with pytest.raises(export.ExportError, match=r"missing \[.layers.1.attention.wo.weight.*HINT"):
+        export.full_model(shards[:1], build_model=task.build_model)
+
+
+def test_a_stage_loads_the_same_stage_of_another_replica():
+    """A spare's stage takes the entries another replica's same stage collected (recovery)."""
+    task = LlamaPPTask()
+    torch.manual_seed(0)
+    a = task.pp_stage(task.build_model(), 1, 2)
+    opt_a = torch.optim.AdamW(a.parameters(), lr=1e-2)
+    task.pp_loss(a(torch.randn(2, 5, task.dim)), torch.randint(0, task.vocab, (2, 5))).backward()
+    opt_a.step()
+    torch.manual_seed(1)
+    b = task.pp_stage(task.build_model(), 1, 2)
+    opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2)
+    entries, meta = _strategy(a, opt_a, task, 1).collect(1, {})
+    assert _strategy(b, opt_b, task, 1).apply(entries, meta)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert all(torch.equal(opt_a.state[p]["exp_avg"], opt_b.state[q]["exp_avg"]) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_each_micro_batch_is_seeded_for_its_data_rank_the_first_stage_as_the_engine():
+    """Stage 0 draws what the one-process reference draws for the same data rank and micro-batch
+    (its dropout is the reference's); a later stage draws a stream of its own."""
+    first, later = _strategy(None, None, None, 0), _strategy(None, None, None, 1)
+    first._step = later._step = 3
+    draws = {}
+    for name, s in (("first", first), ("later", later)):
+        s._seed(1, 2)
+        draws[name] = torch.rand(4)
+    forward_seed(7, 3, 1, 2)
+    assert torch.equal(draws["first"], torch.rand(4)) and not torch.equal(draws["later"], draws["first"])
