@@ -174,3 +174,13 @@ def test_a_worker_killed_during_an_evaluation_is_recovered_and_the_evaluation_re
     assert res.summary["recoveries"][0]["target_step"] == 8
     assert [e["gen"] for e in res.of("eval") if e["step"] == 8] == [1]  # gen 0's never completed; gen 1 redid it
     assert _evals(res) == _evals(ema_baseline)
+
+
+@pytest.mark.parametrize("layout", ["tp", "pp"])
+def test_llama_parallel_survives_a_killed_rank(layout, job, baseline):
+    """examples/llama.py's LlamaParallelTask, the README's commands: tensor parallel (2 x 2) and
+    pipeline parallel (2 stages x 2, 1F1B over 4 micro-batches), a rank of replica 1 killed."""
+    mode = ("parallel=tp", "parallel.tp=2") if layout == "tp" else ("parallel=pp", "parallel.pp=2", "parallel.pp_schedule=1f1b", "train.grad_accum=4")
+    cfg = ("~task", "+task._target_=examples.llama.LlamaParallelTask", *mode, "cluster.nodes=2", "cluster.workers_per_node=2", "train.steps=10", *FAST_HB)
+    res = job(*cfg, "fault=kill_worker", "fault.rank=3", "fault.step=5")
+    _assert_recovered_equal(res, baseline(*cfg))
