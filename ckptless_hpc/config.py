@@ -503,7 +503,12 @@ class ParallelConfig:
                 p.mode in ELASTIC_MODES,
                 "cluster.min_nodes",
                 c.min_nodes,
-                f"a job of parallel.mode={p.mode} cannot shrink yet: FSDP2's parameters are sharded over the processes, so the survivors would have to re-shard the model",
+                f"a job of parallel.mode={p.mode} cannot shrink yet: "
+                + (
+                    "its replicas would have to go on without a whole TP group or pipeline, which is not built yet"
+                    if p.mode in ("tp", "pp")
+                    else "FSDP2's parameters are sharded over the processes, so the survivors would have to re-shard the model"
+                ),
                 "use parallel=ddp or zero to shrink, or leave cluster.min_nodes=null (a loss past the spares stops the job: docs/failure-semantics.md)",
             )
             need(
