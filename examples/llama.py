@@ -21,7 +21,7 @@ grouped-query attention, a complex64 RoPE cache as a non-persistent buffer; the 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -182,11 +182,16 @@ class Llama(nn.Module):
 class LlamaTask(Task):
     """Next-token prediction on synthetic sequences (a fixed pattern plus noise: learnable)."""
 
-    def __init__(self, vocab: int = 64, dim: int = 32, n_layers: int = 2, batch_size: int = 4, seq_len: int = 12) -> None:
+    def __init__(self, vocab: int = 64, dim: int = 32, n_layers: int = 2, batch_size: int = 4, seq_len: int = 12, n_heads: int = 4, n_kv_heads: int = 2, hidden: int = 48) -> None:
         self.vocab, self.dim, self.n_layers, self.batch_size, self.seq_len = vocab, dim, n_layers, batch_size, seq_len
+        self.n_heads, self.n_kv_heads, self.hidden = n_heads, n_kv_heads, hidden
+
+    def _llama(self, cls: Optional[type] = None, fused_qkv: bool = True) -> nn.Module:
+        """The decoder of this task's sizes (``cls``: Llama or a subclass)."""
+        return (cls or Llama)(self.vocab, self.dim, self.n_layers, self.n_heads, self.n_kv_heads, self.hidden, max_seq=self.seq_len + 4, fused_qkv=fused_qkv)
 
     def build_model(self) -> nn.Module:
-        return Llama(self.vocab, self.dim, self.n_layers, max_seq=self.seq_len + 4)
+        return self._llama()
 
     def shard_units(self, model: nn.Module) -> List[nn.Module]:
         return list(model.layers.values())
@@ -212,7 +217,7 @@ class LlamaTPTask(LlamaTask):
     and the output head replicated."""
 
     def build_model(self) -> nn.Module:
-        return Llama(self.vocab, self.dim, self.n_layers, max_seq=self.seq_len + 4, fused_qkv=False)
+        return self._llama(fused_qkv=False)
 
     def tp_plan(self, model: nn.Module) -> Dict[str, Any]:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
@@ -246,7 +251,7 @@ class LlamaPPTask(LlamaTask):
     the embedding, the last the norm and the output head; the rest are set to None."""
 
     def build_model(self) -> nn.Module:
-        return LlamaPP(self.vocab, self.dim, self.n_layers, max_seq=self.seq_len + 4)
+        return self._llama(LlamaPP)
 
     def pp_stage(self, model: nn.Module, stage: int, n_stages: int) -> nn.Module:
         names = list(model.layers)
@@ -274,6 +279,6 @@ class LlamaParallelTask(LlamaPPTask):
     pipeline stages: one task for ``parallel=tp`` and ``parallel=pp`` (and any other mode)."""
 
     def build_model(self) -> nn.Module:
-        return LlamaPP(self.vocab, self.dim, self.n_layers, max_seq=self.seq_len + 4, fused_qkv=False)
+        return self._llama(LlamaPP, fused_qkv=False)
 
     tp_plan = LlamaTPTask.tp_plan
