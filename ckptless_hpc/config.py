@@ -541,10 +541,10 @@ class ParallelConfig:
             ParallelConfig.check_hsdp(p.shard_size, need, shape, probes)
             return
         if p.mode == "tp":
-            ParallelConfig.check_hsdp(p.get("tp"), need, shape, probes, field="parallel.tp", what="tp needs a tensor-parallel group size")
+            ParallelConfig.check_groups(p.get("tp"), r, need, shape, probes, field="parallel.tp", what="tp needs a tensor-parallel group size")
             return
         if p.mode == "pp":
-            ParallelConfig.check_pp(p, t, need, shape, probes)
+            ParallelConfig.check_pp(p, t, r, need, shape, probes)
             return
         if _is_int(r.factor) and r.factor >= 1:
             need(
@@ -556,11 +556,28 @@ class ParallelConfig:
             )
 
     @staticmethod
-    def check_pp(p: Any, t: Any, need: Need, shape: Shape, probes: "Probes") -> None:
+    def check_groups(s: Any, r: Any, need: Need, shape: Shape, probes: "Probes", field: str, what: str) -> None:
+        """tp and pp: a group size dividing the world into replicas on different nodes (each
+        coordinate's shard held by every replica), or one replica whose ranks' shards are copied
+        to peers on other nodes (``replication.factor``, as zero's and fsdp's)."""
+        if _is_int(s) and s >= 1 and s == shape.world:
+            need(
+                _is_int(r.factor) and 1 <= r.factor <= shape.nodes - 1,
+                "replication.factor",
+                r.factor,
+                f"{field}={s} makes the whole world one replica, so each rank's shard exists nowhere else unless copied to a peer on another node "
+                f"(cluster.nodes={shape.nodes}: at most {max(0, shape.nodes - 1)} copies)",
+                f"set replication.factor=1 with cluster.nodes=2 or more, or {field}={max(1, shape.world // 2)} for two replicas",
+            )
+            return
+        ParallelConfig.check_hsdp(s, need, shape, probes, field=field, what=what)
+
+    @staticmethod
+    def check_pp(p: Any, t: Any, r: Any, need: Need, shape: Shape, probes: "Probes") -> None:
         """parallel=pp: a pipeline size dividing the world into replicas on different nodes (as
         hsdp's shard groups), a schedule torch has, enough micro-batches for 1F1B, and nothing
         the pipeline does not carry (evaluation, torch.compile)."""
-        ParallelConfig.check_hsdp(p.get("pp"), need, shape, probes, field="parallel.pp", what="pp needs a pipeline size (stages per replica)")
+        ParallelConfig.check_groups(p.get("pp"), r, need, shape, probes, field="parallel.pp", what="pp needs a pipeline size (stages per replica)")
         sched = p.get("pp_schedule", "gpipe")
         need(sched in PP_SCHEDULES, "parallel.pp_schedule", sched, "unknown pipeline schedule", f"use one of {', '.join(PP_SCHEDULES)}")
         if sched == "1f1b" and _is_int(p.get("pp")) and _is_int(t.grad_accum):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..state.placement import REPLICATED_BY_COPIES, group_size, layout_tolerance, place, shard_map, tolerance
+from ..state.placement import group_size, layout_tolerance, place, sends_copies, shard_map, tolerance
 
 
 class Layout:
@@ -20,7 +20,7 @@ class Layout:
         self.wpn = c.workers_per_node
         self.shard_size = group_size(p) if p is not None else None
         r = cfg.get("replication") if hasattr(cfg, "get") else getattr(cfg, "replication", None)
-        self.factor = int(r.factor) if r is not None and self.mode in REPLICATED_BY_COPIES else 0
+        self.factor = int(r.factor) if r is not None and sends_copies(self.mode, self.world, self.shard_size) else 0
         self.every = int(r.every) if r is not None else 1
         self.shard_of: Dict[int, int] = shard_map(self.mode, self.world, self.shard_size) if self.sharded else {}
         self.placement: Dict[int, List[int]] = {}
@@ -48,6 +48,8 @@ class Layout:
             "tp": f"tensor parallel in groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each TP coordinate's shard",
             "pp": f"pipelines of {self.shard_size} stages, {self.world // int(self.shard_size or 1)} replicas of each stage's shard",
         }[self.mode]
+        if self.mode in ("tp", "pp") and self.factor:
+            what += f", {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each rank's shard on other nodes every {self.every} step(s)"
         tail = "a lost shard ends the job on the last-resort path" if n < 1 else f"survives {n} simultaneous node loss{'es' if n != 1 else ''}"
         return f"parallel={self.mode}: {what}; {tail}"
 

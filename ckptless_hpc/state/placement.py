@@ -27,6 +27,12 @@ REPLICATED_BY_COPIES = ("zero", "fsdp")  # unique per-rank state: copies are sen
 REPLICA_GROUPS = ("hsdp", "tp", "pp")  # groups of ``shard_size`` ranks, each a replica: the same index in every group holds the same shard
 
 
+def sends_copies(mode: str, world: int, group: Optional[int]) -> bool:
+    """Whether each rank's shard is copied to holders on other nodes: zero and fsdp always; tp
+    and pp when the job is one replica (no other replica holds a coordinate's shard)."""
+    return mode in REPLICATED_BY_COPIES or (mode in ("tp", "pp") and group is not None and int(group) == world)
+
+
 def group_size(parallel: Any) -> Optional[int]:
     """Ranks per replica group of a ``parallel`` config: hsdp's shard_size, tp's tp, pp's pp (else None)."""
     mode = str(getattr(parallel, "mode", "ddp"))
@@ -113,7 +119,7 @@ def layout_tolerance(mode: str, world: int, workers_per_node: int, factor: int, 
     """What the config promises, computed at start (ranks numbered node by node)."""
     if mode == "ddp":
         return world // workers_per_node - 1  # every replica holds everything
-    if mode in REPLICA_GROUPS:
+    if mode in REPLICA_GROUPS and not sends_copies(mode, world, shard_size):
         return hsdp_tolerance(world, workers_per_node, int(shard_size or 1))
     rank_node = {r: f"n{r // workers_per_node}" for r in range(world)}
     return tolerance(rank_node, place(rank_node, factor))

@@ -13,7 +13,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
-from ..state.placement import REPLICATED_BY_COPIES
+from ..config import Shape
+from ..state.placement import group_size, sends_copies
 from ..state.shards import Copy, Replicator, ShardStore
 from ..state.snapshot import state_nbytes
 from ..state.transfer import Received
@@ -29,7 +30,7 @@ class ShardCopies:
     def __init__(self, cfg: Any, secret: str, client: Sender, wake: threading.Event) -> None:
         self.mode = str(cfg.parallel.mode)
         self.every = int(cfg.replication.every)
-        self.copies = self.mode in REPLICATED_BY_COPIES and int(cfg.replication.factor) > 0
+        self.copies = sends_copies(self.mode, Shape.of(cfg).world, group_size(cfg.parallel)) and int(cfg.replication.factor) > 0
         self.client = client
         self.store = ShardStore()
         self.replicator = Replicator(secret, float(cfg.cluster.recovery_timeout_s), on_error=self._error, on_change=wake.set)

@@ -49,6 +49,8 @@ MODES = {
     "tp": ("parallel=tp", "parallel.tp=2", "cluster.workers_per_node=2", "train.clip_grad_norm=0.5"),  # a TP group of 2 per node, two replicas; the norm's sum over the group bites
     # a pipeline of 2 stages per node, two replicas (gpipe; 1F1B over 2 micro-batches); the norm's sum over the pipeline bites
     "pp": ("parallel=pp", "parallel.pp=2", "cluster.workers_per_node=2", "train.clip_grad_norm=0.5"),
+    "tp_1": ("parallel=tp", "parallel.tp=2", "train.clip_grad_norm=0.5"),  # one replica over the two nodes: each rank's shard copied to the other node
+    "pp_1": ("parallel=pp", "parallel.pp=2"),  # one pipeline over the two nodes: each stage's shard copied to the other node
     "pp_1f1b": ("parallel=pp", "parallel.pp=2", "parallel.pp_schedule=1f1b", "train.grad_accum=2", "cluster.workers_per_node=2", "train.clip_grad_norm=0.5"),
 }
 TP_MODELS = {"llama_tp"}  # the models with a tp_plan
@@ -62,9 +64,9 @@ FAULTS = (
 # CI's pairs: every mode and every model; the failures of issue 30: zero with the fused QKV under
 # an update kill (1), fsdp with a complex buffer and a hook that gathers DTensors (2, 3), zero with
 # a tie whose tensor rank 0 does not own (4)
-PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_tp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp")]
+PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_tp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("tp_1", "llama_tp"), ("pp_1", "llama_pp")]
 if os.environ.get("CKPTLESS_ZOO") == "full":
-    PAIRS = [(mode, model) for mode in MODES for model in MODELS if (mode != "tp" or model in TP_MODELS) and (not mode.startswith("pp") or model in PP_MODELS)]
+    PAIRS = [(mode, model) for mode in MODES for model in MODELS if (not mode.startswith("tp") or model in TP_MODELS) and (not mode.startswith("pp") or model in PP_MODELS)]
 
 
 def _cfg(mode: str, model: str) -> tuple:

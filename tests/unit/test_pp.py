@@ -37,7 +37,7 @@ def cfg(*overrides: str):
     "overrides, needle",
     [
         (("parallel.pp=3",), "parallel.pp=3: pp needs a pipeline size (stages per replica) that divides the world size 4"),
-        (("parallel.pp=4",), "parallel.pp=4: pp needs a pipeline size (stages per replica) that divides the world size 4 into at least 2 replicas"),
+        (("parallel.pp=4", "cluster.nodes=1", "cluster.workers_per_node=4"), "replication.factor=1: parallel.pp=4 makes the whole world one replica"),
         (("parallel.pp=2", "cluster.nodes=1", "cluster.workers_per_node=4"), "parallel.pp=2: every replica of some shard lives on one node"),
         (("parallel.pp_schedule=interleaved_1f1b",), "parallel.pp_schedule='interleaved_1f1b': unknown pipeline schedule"),
         (("parallel.pp_schedule=1f1b", "train.grad_accum=1"), "train.grad_accum=1: parallel.pp_schedule=1f1b needs at least as many micro-batches as stages (parallel.pp=2)"),

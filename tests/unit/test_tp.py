@@ -31,10 +31,8 @@ def cfg(*overrides: str):
     "overrides, needle",
     [
         (("parallel=tp", "parallel.tp=3", "cluster.workers_per_node=2"), "parallel.tp=3: tp needs a tensor-parallel group size that divides the world size 4"),
-        (
-            ("parallel=tp", "parallel.tp=4", "cluster.workers_per_node=2"),
-            "parallel.tp=4: tp needs a tensor-parallel group size that divides the world size 4 into at least 2 replicas",
-        ),
+        (("parallel=tp", "parallel.tp=4", "cluster.nodes=1", "cluster.workers_per_node=4"), "replication.factor=1: parallel.tp=4 makes the whole world one replica"),
+        (("parallel=tp", "parallel.tp=2", "cluster.workers_per_node=1", "replication.factor=0"), "replication.factor=0: parallel.tp=2 makes the whole world one replica"),
         (("parallel=tp", "parallel.tp=2", "cluster.nodes=1", "cluster.workers_per_node=4"), "parallel.tp=2: every replica of some shard lives on one node"),
         (("parallel=tp", "cluster.workers_per_node=2", "parallel.param_dtype=bf16"), "FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not tp"),
         (("parallel=tp", "cluster.workers_per_node=2", "cluster.nodes=3", "cluster.min_nodes=2"), "parallel.mode=tp cannot shrink yet"),
@@ -52,6 +50,14 @@ def test_the_layout_replicas_hold_the_same_coordinate_and_one_data_rank_per_grou
     assert lay.shard_of == {0: 0, 1: 1, 2: 0, 3: 1, 4: 0, 5: 1} and lay.shards == 2 and lay.factor == 0
     assert lay.survives() == 2 and "tensor parallel in groups of 2, 3 replicas" in lay.describe()
     assert data_world(c) == 3 and "x world 3" in global_batch(c, 4) and resume_shards(c) == 2
+
+
+def test_one_replica_copies_each_ranks_shard_to_another_node():
+    c = cfg("parallel=tp", "parallel.tp=2", "cluster.nodes=2", "cluster.workers_per_node=1")
+    assert validation_errors(c, PROBES) == []
+    lay = Layout(c)
+    assert lay.factor == 1 and lay.place({0: "n0", 1: "n1"}) == {0: [1], 1: [0]} and lay.survives() == 1
+    assert "1 copy of each rank's shard on other nodes" in lay.describe() and data_world(c) == 1
 
 
 def test_a_task_without_a_plan_or_with_a_wrong_one_is_refused_with_a_hint():
