@@ -23,33 +23,21 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from . import fsdp
-from ..state.snapshot import Entries, plain_meta
 from .evaluation import split_loss
-from .strategy import OneOptimizer
+from .grouped import LocalState, StepFailed, is_comm_error
 
 
-class StepFailed(RuntimeError):
-    """A collective inside FSDP's forward/backward failed (a peer died or its group was released)."""
-
-
-def _is_comm_error(e: BaseException) -> bool:
-    if isinstance(e, getattr(torch.distributed, "DistError", ())):
-        return True
-    text = str(e)
-    return isinstance(e, RuntimeError) and any(s in text for s in ("gloo", "Gloo", "Connection closed", "Connection reset", "NCCL", "no group"))
-
-
-class FSDPStrategy(OneOptimizer):
-    """``parallel=fsdp|hsdp`` (train/strategy.py)."""
-
-    sharded = True
+class FSDPStrategy(LocalState):
+    """``parallel=fsdp|hsdp`` (train/strategy.py; what it shares with tp and pp: train/grouped.py)."""
 
     def __init__(self, engine: Any) -> None:
-        self.e = engine
+        super().__init__(engine)
         self.binding: Optional[fsdp.FSDPBinding] = None
-        self._pending: Optional[Tuple[Entries, Dict[str, Any]]] = None
-        self._norm: Optional[torch.Tensor] = None
         self.warm: Dict[str, float] = {}
+
+    @property
+    def ready(self) -> bool:
+        return self.binding is not None
 
     # ------------------------------------------------------------------ generations (sharded, and given its optimizer, at the first bind)
     def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
@@ -62,13 +50,8 @@ class FSDPStrategy(OneOptimizer):
 
     def let_go(self, comm: Any) -> bool:
         """FSDP's groups are destroyed at once, in a thread (a peer blocked with us in a group
-        that did not fail here is released only then)."""
-        self.e.comm = None
-        fsdp.release_in_background(self.release(comm))
-        return True
-
-    def layout(self) -> Dict[str, int]:
-        return {"buckets": 0}  # FSDP2 reduces its own gradients
+        that did not fail here is released only then), after the binding lets go of them."""
+        return self.release_groups(comm, self.binding.unbind() if self.binding is not None else [])
 
     # ------------------------------------------------------------------ set-up
     def shard_kwargs(self) -> Dict[str, Any]:
@@ -109,28 +92,9 @@ class FSDPStrategy(OneOptimizer):
             return
         fsdp.stable_default_group(comm.rank, comm.world)
         self.binding = fsdp.FSDPBinding.shard(e.model, pg, rep, units=fsdp.units_for(e.task, e.model), rank=comm.rank, **self.shard_kwargs())
-        e.optimizer = e.task.build_optimizer(e.model, e.cfg.optim)
-        e.scheduler = e.build_scheduler()
-        if self._pending is not None:
-            entries, meta = self._pending
-            self._pending = None
-            self.apply(entries, meta)
-            e.apply_meta(meta)
-
-    def release(self, comm: Any) -> List[Any]:
-        """What the failed generation holds, for release_in_background (nothing may keep it)."""
-        objs = self.binding.unbind() if self.binding is not None else []
-        objs.append(comm)
-        hs = getattr(comm, "hsdp", None)
-        if hs is not None:
-            objs += hs.groups()
-            comm.hsdp = None
-        return objs
+        self.build_optimizer()
 
     # ------------------------------------------------------------------ one step
-    def begin(self, comm: Any, wait: Callable[[List[Any]], None]) -> None:
-        self._norm = None
-
     def forward_backward(self, step: int, comm: Any, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> Optional[torch.Tensor]:
         """FSDP2's all-gathers and reduce-scatters run inside forward and backward; the loss's
         all-reduce and the buffers' broadcast are waited on, then the norm (a collective too:
@@ -160,7 +124,7 @@ class FSDPStrategy(OneOptimizer):
                 e.add_loss(loss)
                 (loss / k if k > 1 else loss).backward()
         except Exception as err:
-            if _is_comm_error(err):
+            if is_comm_error(err):
                 raise StepFailed(f"step {step}: {err}") from None
             if "mixed torch.Tensor and DTensor" in str(err):
                 raise RuntimeError(
@@ -171,25 +135,12 @@ class FSDPStrategy(OneOptimizer):
             raise
         return broadcasts
 
-    def evaluate(self, batch: Any) -> Any:
-        return evaluate_sharded(self.e, batch)
-
-    def divide(self, n: int) -> None:
-        pass  # FSDP has averaged over the ranks (and the micro-batches: loss / K)
-
-    def grad_norm(self) -> torch.Tensor:
-        assert self._norm is not None, "the norm is computed inside the step (forward_backward)"
-        return self._norm
-
-    def stepped(self) -> None:
-        pass
-
     def _collective_norm(self) -> torch.Tensor:
         assert self.binding is not None
         try:
             return self.binding.grad_norm()
         except Exception as err:
-            if _is_comm_error(err):
+            if is_comm_error(err):
                 raise StepFailed(f"gradient norm: {err}") from None
             raise
 
@@ -200,58 +151,3 @@ class FSDPStrategy(OneOptimizer):
     def discard(self) -> None:
         if self.binding is not None:
             self.binding.reset()
-
-    # ------------------------------------------------------------------ state
-    def collect(self, step: int, extra: Dict[str, Any], shard: Optional[int] = None) -> Tuple[Entries, Dict[str, Any]]:
-        return collect_local(self.e, step, extra, with_optimizer=self.binding is not None)
-
-    def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False, shard: Optional[int] = None) -> bool:
-        """Copied in place (nothing is aliased, ``copy`` or not); False while the model is not yet
-        sharded (a promoted spare: applied, with its metadata, at its first bind)."""
-        if self.binding is None:
-            self._pending = (entries, meta)
-            return False
-        apply_local(self.e, entries, meta)
-        return True
-
-
-def evaluate_sharded(e: Any, batch: Any) -> Any:
-    """The task's evaluate on a model whose forward runs collectives (FSDP2's all-gathers, tensor
-    parallel's): a failed one raises as in a step (``StepFailed``)."""
-    try:
-        return e.task.evaluate(e.run_model, batch)
-    except Exception as err:
-        if _is_comm_error(err):
-            raise StepFailed(f"evaluation: {err}") from None
-        raise
-
-
-def collect_local(e: Any, step: int, extra: Dict[str, Any], with_optimizer: bool) -> Tuple[Entries, Dict[str, Any]]:
-    """A rank's local state (fsdp, hsdp and tp, whose parameters are DTensors; pp, a stage's): its local
-    tensors (:func:`.fsdp.own_entries`), the task's tensors, and in the metadata the optimizer's
-    hyper-parameters, its parameters by name (state/dcp.py) and the task's scalars."""
-    entries = fsdp.own_entries(e.model, e.optimizer if with_optimizer else None)
-    task_scalars: Dict[str, Any] = {}
-    for k, v in sorted((e.task.state_dict() or {}).items()):
-        if torch.is_tensor(v):
-            entries.append((f"task/{k}", v))
-        else:
-            task_scalars[k] = v
-    hyper = [{k: v for k, v in g.items() if k != "params"} for g in e.optimizer.param_groups]
-    name_of = {id(p): n for n, p in e.model.named_parameters()}
-    groups = [[name_of[id(p)] for p in g["params"]] for g in e.optimizer.param_groups]
-    meta = {"step": step, "hyper": hyper, "groups": groups, "task_scalars": task_scalars, **extra}
-    return entries, plain_meta(meta)
-
-
-def apply_local(e: Any, entries: Entries, meta: Dict[str, Any]) -> None:
-    """What :func:`collect_local` gave, copied in place into this rank's tensors, task and
-    optimizer hyper-parameters (checked before anything is written: :func:`.fsdp.load_own`)."""
-    fsdp.load_own(e.model, e.optimizer, [(n, t) for n, t in entries if not n.startswith("task/")])
-    task_sd: Dict[str, Any] = dict(meta.get("task_scalars", {}))
-    task_sd.update({n[len("task/") :]: t for n, t in entries if n.startswith("task/")})
-    if task_sd:
-        e.task.load_state_dict(task_sd)
-    for g, h in zip(e.optimizer.param_groups, meta.get("hyper", [])):
-        for k, v in h.items():
-            g[k] = tuple(v) if isinstance(g.get(k), tuple) else v

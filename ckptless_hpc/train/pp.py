@@ -48,12 +48,10 @@ import torch
 import torch.distributed as dist
 
 from . import fsdp
-from ..state.snapshot import Entries
 from ..tasks.base import mix_seed
 from .data import forward_seed
-from .fsdp_strategy import StepFailed, _is_comm_error, apply_local, collect_local
+from .grouped import LocalState, StepFailed, is_comm_error
 from .replicated import BufferSync
-from .strategy import OneOptimizer
 
 SCHEDULES = ("gpipe", "1f1b")  # parallel.pp_schedule
 
@@ -110,13 +108,11 @@ def _seeded_stage(base: Any) -> Any:
     return SeededStage
 
 
-class PPStrategy(OneOptimizer):
-    """``parallel=pp`` (train/strategy.py)."""
-
-    sharded = True
+class PPStrategy(LocalState):
+    """``parallel=pp`` (train/strategy.py; what it shares with fsdp and tp: train/grouped.py)."""
 
     def __init__(self, engine: Any) -> None:
-        self.e = engine
+        super().__init__(engine)
         p = engine.cfg.parallel
         self.pp = int(p.pp)
         self.schedule_name = str(p.get("pp_schedule", "gpipe"))
@@ -127,9 +123,11 @@ class PPStrategy(OneOptimizer):
         self.rep_group: Any = None
         self.rep_comm: Any = None
         self.schedule: Any = None
-        self._pending: Optional[Tuple[Entries, Dict[str, Any]]] = None
-        self._norm: Optional[torch.Tensor] = None
         self._step = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.module is not None
 
     # ------------------------------------------------------------------ generations (cut to its stage, and given its optimizer, at the first bind)
     def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
@@ -140,22 +138,9 @@ class PPStrategy(OneOptimizer):
     def let_go(self, comm: Any) -> bool:
         """The generation's groups are destroyed at once, in a thread (a peer blocked in one that
         did not fail here is released only then), after the stage and schedule let go of them."""
-        self.e.comm = None
         self.schedule = None
-        objs: List[Any] = [comm]
-        hs = getattr(comm, "hsdp", None)
-        if hs is not None:
-            objs += hs.groups()
-            comm.hsdp = None
         self.pp_group = self.rep_group = self.rep_comm = None
-        fsdp.release_in_background(objs)
-        return True
-
-    def warm_up(self) -> Optional[Dict[str, float]]:
-        return None
-
-    def layout(self) -> Dict[str, int]:
-        return {"buckets": 0}
+        return self.release_groups(comm, [])
 
     def bind(self, comm: Any) -> None:
         """The first generation: the model cut to this rank's stage, then the optimizer and
@@ -172,13 +157,7 @@ class PPStrategy(OneOptimizer):
             self.module = stage_of(e.task, e.model, self.stage_index, self.pp)
             e.model = e.run_model = self.module
             e.buffers = BufferSync(self.module)  # this stage's buffers, from replica 0's same stage
-            e.optimizer = e.task.build_optimizer(self.module, e.cfg.optim)
-            e.scheduler = e.build_scheduler()
-            if self._pending is not None:
-                entries, meta = self._pending
-                self._pending = None
-                self.apply(entries, meta)
-                e.apply_meta(meta)
+            self.build_optimizer()
         stage = _seeded_stage(PipelineStage)(self.module, self.stage_index, self.pp, e.device, group=self.pp_group)
         data_rank = comm.rank // self.pp
         stage.seed = lambda micro: self._seed(data_rank, micro)
@@ -195,9 +174,6 @@ class PPStrategy(OneOptimizer):
             torch.manual_seed(mix_seed(seed, self._step, data_rank, micro, 5, self.stage_index))
 
     # ------------------------------------------------------------------ one step
-    def begin(self, comm: Any, wait: Callable[[List[Any]], None]) -> None:
-        self._norm = None
-
     def _inputs(self, step: int) -> Tuple[Any, Any]:
         """The step's micro-batches, split by the task into the first stage's inputs and the last
         stage's targets, each joined along dim 0 (the schedule splits them back, in order)."""
@@ -232,15 +208,11 @@ class PPStrategy(OneOptimizer):
                 e.add_loss(loss.detach().to(torch.float64) * self.pp)
             broadcasts = e.buffers.launch(self.rep_comm) if e.buffers else []
             on_backward()
-            replicas_batches = (e.world // self.pp) * e.micro_batches
-            for p in self.module.parameters():  # type: ignore[union-attr]
-                if p.grad is not None:
-                    dist.all_reduce(p.grad, group=self.rep_group)
-                    p.grad.div_(replicas_batches)  # the mean over the global batch, before the norm
+            self.mean_over_replicas(self.rep_group, (e.world // self.pp) * e.micro_batches)
             wait([comm.allreduce(e.reduction())] + broadcasts)
             self._norm = self._collective_norm()
         except Exception as err:
-            if _is_comm_error(err):
+            if is_comm_error(err):
                 raise StepFailed(f"step {step}: {err}") from None
             raise
         return self._norm
@@ -257,41 +229,6 @@ class PPStrategy(OneOptimizer):
 
     def evaluate(self, batch: Any) -> Any:
         raise ValueError("parallel=pp does not evaluate (train.eval_every). HINT: set train.eval_every=0")  # refused by the config's checks
-
-    def divide(self, n: int) -> None:
-        pass  # divided in the step, before the norm (a collective, computed there)
-
-    def grad_norm(self) -> torch.Tensor:
-        assert self._norm is not None, "the norm is computed inside the step (forward_backward)"
-        return self._norm
-
-    def clip(self, max_norm: float, norm: torch.Tensor) -> None:
-        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        with torch.no_grad():
-            for p in self.module.parameters():  # type: ignore[union-attr]
-                if p.grad is not None:
-                    p.grad.mul_(coef.to(p.grad.dtype))
-
-    def stepped(self) -> None:
-        pass
-
-    def discard(self) -> None:
-        for p in self.e.model.parameters():
-            p.grad = None
-
-    # ------------------------------------------------------------------ state
-    def collect(self, step: int, extra: Dict[str, Any], shard: Optional[int] = None) -> Tuple[Entries, Dict[str, Any]]:
-        """The stage's parameters, buffers and optimizer state, whole, under the model's names."""
-        return collect_local(self.e, step, extra, with_optimizer=self.module is not None)
-
-    def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False, shard: Optional[int] = None) -> bool:
-        """Copied in place; False while the model is not yet cut to its stage (a promoted spare:
-        applied, with its metadata, at its first bind)."""
-        if self.module is None:
-            self._pending = (entries, meta)
-            return False
-        apply_local(self.e, entries, meta)
-        return True
 
 
 def _loss(task: Any, output: Any, target: Any) -> torch.Tensor:

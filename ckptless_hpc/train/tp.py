@@ -26,16 +26,14 @@ by the same coordinate of every other replica: no copy is ever sent (as hsdp).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 
 from . import fsdp
 from . import torch_private as P
-from ..state.snapshot import Entries
-from .fsdp_strategy import StepFailed, _is_comm_error, apply_local, collect_local, evaluate_sharded
-from .strategy import OneOptimizer
+from .grouped import LocalState, StepFailed, is_comm_error
 
 
 def _shard_dim(t: torch.Tensor) -> Optional[int]:
@@ -69,21 +67,24 @@ def plan_of(task: Any, model: torch.nn.Module) -> Dict[str, Any]:
     return dict(plan)
 
 
-class TPStrategy(OneOptimizer):
-    """``parallel=tp`` (train/strategy.py)."""
-
-    sharded = True
+class TPStrategy(LocalState):
+    """``parallel=tp`` (train/strategy.py; what it shares with fsdp and pp: train/grouped.py)."""
 
     def __init__(self, engine: Any) -> None:
-        self.e = engine
+        super().__init__(engine)
         self.tp = int(engine.cfg.parallel.tp)
         self.same_batch = self.tp  # the ranks of a TP group compute the same batch
         self.mesh: Any = None
         self.tp_group: Any = None
         self.rep_group: Any = None
-        self._pending: Optional[Tuple[Entries, Dict[str, Any]]] = None
-        self._norm: Optional[torch.Tensor] = None
         self.shard_dims: Dict[str, int] = {}
+
+    @property
+    def ready(self) -> bool:
+        return self.mesh is not None
+
+    def meta_extra(self) -> Dict[str, Any]:
+        return {"shard_dims": dict(self.shard_dims)}  # what the export joins the TP shards along
 
     # ------------------------------------------------------------------ generations (parallelized, and given its optimizer, at the first bind)
     def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
@@ -94,23 +95,10 @@ class TPStrategy(OneOptimizer):
     def let_go(self, comm: Any) -> bool:
         """The generation's groups are destroyed at once, in a thread (a peer blocked in one
         that did not fail here is released only then), after the mesh lets go of them."""
-        self.e.comm = None
-        objs: List[Any] = [comm]
         if self.mesh is not None:
             P.unbind_mesh(self.mesh)
-        hs = getattr(comm, "hsdp", None)
-        if hs is not None:
-            objs += hs.groups()
-            comm.hsdp = None
         self.tp_group = self.rep_group = None
-        fsdp.release_in_background(objs)
-        return True
-
-    def warm_up(self) -> Optional[Dict[str, float]]:
-        return None
-
-    def layout(self) -> Dict[str, int]:
-        return {"buckets": 0}
+        return self.release_groups(comm, [])
 
     def bind(self, comm: Any) -> None:
         """The first generation: the model parallelized on a mesh over the TP group, then the
@@ -132,18 +120,9 @@ class TPStrategy(OneOptimizer):
         # group of survivors, who parallelized long ago, would wait on that scatter forever
         parallelize_module(e.model, self.mesh, plan_of(e.task, e.model), src_data_rank=None)
         self.shard_dims = {n: d for n, p in e.model.named_parameters() if (d := _shard_dim(p)) is not None}
-        e.optimizer = e.task.build_optimizer(e.model, e.cfg.optim)
-        e.scheduler = e.build_scheduler()
-        if self._pending is not None:
-            entries, meta = self._pending
-            self._pending = None
-            self.apply(entries, meta)
-            e.apply_meta(meta)
+        self.build_optimizer()
 
     # ------------------------------------------------------------------ one step
-    def begin(self, comm: Any, wait: Callable[[List[Any]], None]) -> None:
-        self._norm = None
-
     def forward_backward(self, step: int, comm: Any, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> Optional[torch.Tensor]:
         """Forwards and backwards (the DTensor collectives inside), the gradients summed over the
         replicas, the loss's all-reduce and the buffers' broadcast waited on, then the norm."""
@@ -161,16 +140,11 @@ class TPStrategy(OneOptimizer):
                 e.add_loss(loss)
                 loss.backward()
             on_backward()
-            replicas_batches = (e.world // self.tp) * e.micro_batches
-            for p in e.model.parameters():
-                if p.grad is not None:
-                    g = fsdp._local(p.grad)
-                    dist.all_reduce(g, group=self.rep_group)
-                    g.div_(replicas_batches)  # the mean over the global batch, before the norm
+            self.mean_over_replicas(self.rep_group, (e.world // self.tp) * e.micro_batches)
             wait([comm.allreduce(e.reduction())] + broadcasts)
             self._norm = self._collective_norm()
         except Exception as err:
-            if _is_comm_error(err):
+            if is_comm_error(err):
                 raise StepFailed(f"step {step}: {err}") from None
             raise
         return self._norm
@@ -190,41 +164,3 @@ class TPStrategy(OneOptimizer):
                 replicated += sq
         dist.all_reduce(sharded, group=self.tp_group)
         return (sharded + replicated).sqrt()
-
-    def evaluate(self, batch: Any) -> Any:
-        return evaluate_sharded(self.e, batch)
-
-    def divide(self, n: int) -> None:
-        pass  # divided in the step, before the norm (a collective, computed there)
-
-    def grad_norm(self) -> torch.Tensor:
-        assert self._norm is not None, "the norm is computed inside the step (forward_backward)"
-        return self._norm
-
-    def clip(self, max_norm: float, norm: torch.Tensor) -> None:
-        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
-        with torch.no_grad():
-            for p in self.e.model.parameters():
-                if p.grad is not None:
-                    g = fsdp._local(p.grad)
-                    g.mul_(coef.to(g.dtype))
-
-    def stepped(self) -> None:
-        pass
-
-    def discard(self) -> None:
-        for p in self.e.model.parameters():
-            p.grad = None
-
-    # ------------------------------------------------------------------ state
-    def collect(self, step: int, extra: Dict[str, Any], shard: Optional[int] = None) -> Tuple[Entries, Dict[str, Any]]:
-        return collect_local(self.e, step, {**extra, "shard_dims": dict(self.shard_dims)}, with_optimizer=self.mesh is not None)
-
-    def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False, shard: Optional[int] = None) -> bool:
-        """Copied in place; False while the model is not yet parallelized (a promoted spare:
-        applied, with its metadata, at its first bind)."""
-        if self.mesh is None:
-            self._pending = (entries, meta)
-            return False
-        apply_local(self.e, entries, meta)
-        return True

@@ -20,7 +20,7 @@ from ..state.snapshot import state_sha256
 from ..train import cuda
 from ..train.engine import StepResult
 from ..train.evaluation import eval_due
-from ..train.fsdp_strategy import StepFailed
+from ..train.grouped import StepFailed
 from .exits import EXIT_CUDA_POISONED
 from .groups import Groups
 from .injector import FaultInjector

@@ -1,0 +1,164 @@
+"""What the strategies of the modes whose ranks hold a local part of the model share (fsdp, hsdp,
+tp, pp): a rank's state is its local tensors; the model is prepared (sharded, parallelized, cut
+into a stage) at the first generation, when the rank has its groups, and the optimizer is built
+after that, over what the rank holds; a state that arrives before (a promoted spare fetches it
+before its generation's groups exist) is applied right after; the groups of a failed generation
+are destroyed at once (a gloo group releases a peer blocked in one of its collectives only when
+destroyed); a collective that fails inside the step raises ``StepFailed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+from ..state.snapshot import Entries, plain_meta
+from . import fsdp
+from .strategy import OneOptimizer
+
+
+class StepFailed(RuntimeError):
+    """A collective inside a step's forward/backward failed (a peer died or its group was released)."""
+
+
+def is_comm_error(e: BaseException) -> bool:
+    if isinstance(e, getattr(torch.distributed, "DistError", ())):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(s in text for s in ("gloo", "Gloo", "Connection closed", "Connection reset", "NCCL", "no group"))
+
+
+class LocalState(OneOptimizer):
+    """The shared members of :class:`.fsdp_strategy.FSDPStrategy`, :class:`.tp.TPStrategy` and
+    :class:`.pp.PPStrategy`; a subclass says when it is ``ready`` (prepared) and what its state's
+    metadata adds (:meth:`meta_extra`)."""
+
+    sharded = True
+    e: Any
+
+    def __init__(self, engine: Any) -> None:
+        self.e = engine
+        self._pending: Optional[Tuple[Entries, Dict[str, Any]]] = None
+        self._norm: Optional[torch.Tensor] = None
+
+    @property
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    def meta_extra(self) -> Dict[str, Any]:
+        return {}
+
+    # ------------------------------------------------------------------ generations
+    def warm_up(self) -> Optional[Dict[str, float]]:
+        return None
+
+    def layout(self) -> Dict[str, int]:
+        return {"buckets": 0}  # no buckets: the mode reduces its own gradients
+
+    def build_optimizer(self) -> None:
+        """Once prepared: the optimizer and the scheduler over what this rank holds, then the
+        state that arrived before (with its metadata)."""
+        e = self.e
+        e.optimizer = e.task.build_optimizer(e.model, e.cfg.optim)
+        e.scheduler = e.build_scheduler()
+        if self._pending is not None:
+            entries, meta = self._pending
+            self._pending = None
+            self.apply(entries, meta)
+            e.apply_meta(meta)
+
+    def release_groups(self, comm: Any, objs: List[Any]) -> bool:
+        """After a failed step: the generation's communicator and groups (and ``objs``, what the
+        mode held of them) destroyed at once, in a thread."""
+        self.e.comm = None
+        objs = [*objs, comm]
+        hs = getattr(comm, "hsdp", None)
+        if hs is not None:
+            objs += hs.groups()
+            comm.hsdp = None
+        fsdp.release_in_background(objs)
+        return True
+
+    # ------------------------------------------------------------------ one step
+    def begin(self, comm: Any, wait: Callable[[List[Any]], None]) -> None:
+        self._norm = None
+
+    def grad_norm(self) -> torch.Tensor:
+        assert self._norm is not None, "the norm is computed inside the step (forward_backward): a collective"
+        return self._norm
+
+    def divide(self, n: int) -> None:
+        pass  # the mean over the global batch is made inside the step, before the norm
+
+    def stepped(self) -> None:
+        pass
+
+    def mean_over_replicas(self, group: Any, n: int) -> None:
+        """Each local gradient summed over the replicate ``group``, in place, and divided by ``n``
+        (the micro-batches of every replica): the mean over the global batch, before the norm."""
+        for p in self.e.model.parameters():
+            if p.grad is not None:
+                g = fsdp._local(p.grad)
+                torch.distributed.all_reduce(g, group=group)
+                g.div_(n)
+
+    def clip(self, max_norm: float, norm: torch.Tensor) -> None:
+        """Every local gradient scaled so that the global norm is at most ``max_norm`` (torch's formula)."""
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        with torch.no_grad():
+            for p in self.e.model.parameters():
+                if p.grad is not None:
+                    g = fsdp._local(p.grad)
+                    g.mul_(coef.to(g.dtype))
+
+    def discard(self) -> None:
+        for p in self.e.model.parameters():
+            p.grad = None
+
+    def evaluate(self, batch: Any) -> Any:
+        """The task's evaluate on a model whose forward runs collectives: a failed one raises as
+        in a step (``StepFailed``)."""
+        try:
+            return self.e.task.evaluate(self.e.run_model, batch)
+        except Exception as err:
+            if is_comm_error(err):
+                raise StepFailed(f"evaluation: {err}") from None
+            raise
+
+    # ------------------------------------------------------------------ state
+    def collect(self, step: int, extra: Dict[str, Any], shard: Optional[int] = None) -> Tuple[Entries, Dict[str, Any]]:
+        """This rank's local tensors (:func:`.fsdp.own_entries`), the task's tensors, and in the
+        metadata the optimizer's hyper-parameters, its parameters by name (state/dcp.py) and the
+        task's scalars."""
+        e = self.e
+        entries = fsdp.own_entries(e.model, e.optimizer if self.ready else None)
+        task_scalars: Dict[str, Any] = {}
+        for k, v in sorted((e.task.state_dict() or {}).items()):
+            if torch.is_tensor(v):
+                entries.append((f"task/{k}", v))
+            else:
+                task_scalars[k] = v
+        hyper = [{k: v for k, v in g.items() if k != "params"} for g in e.optimizer.param_groups]
+        name_of = {id(p): n for n, p in e.model.named_parameters()}
+        groups = [[name_of[id(p)] for p in g["params"]] for g in e.optimizer.param_groups]
+        meta = {"step": step, "hyper": hyper, "groups": groups, "task_scalars": task_scalars, **self.meta_extra(), **extra}
+        return entries, plain_meta(meta)
+
+    def apply(self, entries: Entries, meta: Dict[str, Any], copy: bool = False, shard: Optional[int] = None) -> bool:
+        """Copied in place into this rank's tensors, task and optimizer hyper-parameters (checked
+        before anything is written: :func:`.fsdp.load_own`); False while not prepared (applied,
+        with its metadata, by :meth:`build_optimizer`)."""
+        e = self.e
+        if not self.ready:
+            self._pending = (entries, meta)
+            return False
+        fsdp.load_own(e.model, e.optimizer, [(n, t) for n, t in entries if not n.startswith("task/")])
+        task_sd: Dict[str, Any] = dict(meta.get("task_scalars", {}))
+        task_sd.update({n[len("task/") :]: t for n, t in entries if n.startswith("task/")})
+        if task_sd:
+            e.task.load_state_dict(task_sd)
+        for g, h in zip(e.optimizer.param_groups, meta.get("hyper", [])):
+            for k, v in h.items():
+                g[k] = tuple(v) if isinstance(g.get(k), tuple) else v
+        return True
