@@ -206,7 +206,7 @@ def grow_point(bench: Any, nodes: int, min_nodes: int, mode: str, reps: int) -> 
     base = [*task_overrides(p.b9_size), f"train.steps={p.b9_shrink_steps}", f"cluster.nodes={nodes}", f"cluster.min_nodes={min_nodes}", "train.reduction=fixed"]
     base += [f"parallel={mode}", "cluster.spare_nodes=0"] + (["replication.factor=1"] if mode == "zero" else [])
     fault = ["fault=kill_node", f"fault.node={nodes - 1}", f"fault.step={p.b9_fault_step}"]
-    if p.b9_grow_slow_steps:
+    if p.b9_grow_slow_steps:  # no plan sets it: the grow-backs of the full plan run with no straggler
         fault.append(f"fault.schedule=[{{kind:slow,rank:0,step:{p.b9_fault_step + 1},duration:{p.b9_grow_slow_steps},factor:3}}]")
     runs = bench.job(f"b9-grow-{mode}-n{nodes}", base + ["cluster.refill_spares=true", "cluster.max_refills=1"] + fault, reps)
     for r in runs:
@@ -219,6 +219,8 @@ def grow_point(bench: Any, nodes: int, min_nodes: int, mode: str, reps: int) -> 
         "mode": mode, "nodes": nodes, "min_nodes": min_nodes, "size": p.b9_size, "params": lm_params(p.b9_size), "reps": reps,
         "shrink": _phases([r.summary["recoveries"][0] for r in runs]),
         "grow": _phases([r.summary["recoveries"][1] for r in runs]),
+        # each run's grow-back apart (a median of 2 hides one that stalled): its phases, its first step's time, its run dir
+        "grow_runs": [dict({k: r.summary["recoveries"][1][k] for k in PHASES}, run_dir=str(r.run_dir)) for r in runs],
         "degraded_s": median(r.summary["degraded"]["seconds"] for r in runs),
         "oracle": all(r.summary["final_state_sha256"] == sha for r in runs),
         "run_dirs": [str(r.run_dir) for r in runs], "fault_free_run_dir": str(clean.run_dir),

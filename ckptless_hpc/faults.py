@@ -8,6 +8,10 @@ re-fires it), then acts on itself with a real signal:
 - ``kill_worker``: SIGKILL to itself;
 - ``kill_node``: SIGKILL to every process of its node (its process group);
 - ``hang``: SIGSTOP to itself (alive but silent: heartbeats stop, peers block).
+
+A ``slow`` fault (a straggler) fires nothing: for ``duration`` steps from ``step`` the rank
+sleeps after each step's forward and backward, ``factor - 1`` times that compute
+(:func:`straggle_s`), never its waits on peers (:func:`compute_s`).
 """
 
 from __future__ import annotations
@@ -82,8 +86,28 @@ def straggler(faults: Iterable[Fault], rank: int, step: int) -> Optional[Fault]:
     return next((f for f in faults if f.kind == "slow" and f.rank == rank and f.step <= step < f.step + f.duration), None)
 
 
+def compute_s(elapsed_s: float, cpu_s: Optional[float]) -> float:
+    """The compute part of a step so far (pure): the CPU seconds its training thread spent since
+    the step's previous mark (``cpu_s``), never more than the wall time since the step started
+    (``elapsed_s``). A wait on peers (a collective, a formation, a fetch) sleeps in an event and
+    costs that thread no CPU, so it is left out, and so is the time it waited for a core on a
+    loaded machine; the thread's work between steps (the optimizer
+    update, copies) is before the step started, so the wall bound leaves it out. ``cpu_s`` None
+    (no mark in this thread yet): the wall time."""
+    elapsed_s = max(0.0, elapsed_s)
+    return elapsed_s if cpu_s is None else min(elapsed_s, max(0.0, cpu_s))
+
+
+def straggle_s(fault: Fault, compute_s: float) -> float:
+    """How long a straggler sleeps after its step's forward and backward (pure): ``(factor - 1)``
+    times that step's compute, so that the compute takes ``factor`` times as long. Never a
+    multiple of the step's waits: a rank that waited on its peers (the first step after a
+    re-formation, ZeRO's parameter sync, FSDP's gathers) is not made to sleep twice that."""
+    return max(0.0, (float(fault.factor) - 1.0) * max(0.0, compute_s))
+
+
 def slowdown(faults: Iterable[Fault], rank: int, step: int) -> float:
-    """Step-time multiplier of a straggler fault active for this rank at this step (1.0 = none)."""
+    """Compute-time multiplier of a straggler fault active for this rank at this step (1.0 = none)."""
     f = straggler(faults, rank, step)
     return f.factor if f is not None else 1.0
 

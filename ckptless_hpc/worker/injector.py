@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import time
-from typing import List, Optional, Set
+from typing import List, Optional, Set, Tuple
 
 from .. import faults as faultlib
 from ..slurm.commands import cancel_step
@@ -30,9 +30,30 @@ class FaultInjector:
         self.done: Set[int] = set()  # indices fired (by anyone: the coordinator's faults_done)
         self._acks: Set[int] = set()  # fault indices the coordinator has recorded as fired
         self._acked = threading.Condition()
+        # (thread, its CPU seconds) at the training thread's last mark: where the compute of the
+        # next step's forward and backward is counted from (straggle)
+        self._mark: Optional[Tuple[int, float]] = None
 
     def arm(self, faults: List[faultlib.Fault], workers_per_node: int) -> None:
+        """The config's faults; called by the thread that trains, once its model is built."""
         self.faults, self.workers_per_node = faults, workers_per_node
+        self._set_mark()
+
+    def _set_mark(self) -> None:
+        self._mark = (threading.get_ident(), time.thread_time())
+
+    def _trainer_mark(self) -> None:
+        """The training thread is between two pieces of its work (an optimizer update done, an
+        evaluation's forwards done, an abort taken): what it computes next is counted from here.
+        Other threads (a fetch, the state server) fire faults too: they move no mark."""
+        if self._mark is not None and self._mark[0] == threading.get_ident():
+            self._set_mark()
+
+    def _cpu_since_mark(self) -> Optional[float]:
+        mark = self._mark
+        if mark is None or mark[0] != threading.get_ident():
+            return None
+        return time.thread_time() - mark[1]
 
     def ack(self, index: int) -> None:
         """The coordinator recorded fault ``index`` (``fault_ack``, from the reader thread)."""
@@ -68,14 +89,38 @@ class FaultInjector:
         fault = self.due(at, step)
         if fault is not None:
             self.fire(fault, step)
+        self._trainer_mark()
 
     def straggle(self, step: int, t0: float) -> None:
-        """An injected straggler of ``step``: alive, just slow (its compute stretched by the
-        fault's factor); reported once, as it starts."""
+        """An injected straggler of ``step`` (called after its forward and backward; ``t0``: the
+        step's start, ``time.perf_counter()``): alive, just slow, its compute stretched by the
+        fault's factor; reported once, as it starts.
+
+        The sleep is ``factor - 1`` times the step's compute (faults.compute_s: the CPU seconds
+        this thread spent since its last mark, at most the wall time since ``t0``), not the wall
+        time since ``t0``: that includes the step's waits on its peers (ZeRO's parameter sync,
+        FSDP's gathers; the first step after a re-formation may wait long for a peer still
+        fetching) and, on a loaded machine, its waits for a core (B9's 10.8 M grow-back on 2
+        shared cores: 1.3 s of CPU in up to 6.7 s, slept x2: 13.4 s), and a sleep of twice a long
+        wait would then stall the peers on it in turn."""
+        elapsed_s, cpu_s = time.perf_counter() - t0, self._cpu_since_mark()
         slow = faultlib.straggler(self.faults, self.standing.rank, step)
-        if slow is None:
-            return
-        if slow.index not in self.done:
-            self.done.add(slow.index)
-            self.report(slow, "step", self.standing.gen, step)
-        time.sleep((slow.factor - 1) * (time.perf_counter() - t0))
+        if slow is not None:
+            compute_s = faultlib.compute_s(elapsed_s, cpu_s)
+            sleep_s = faultlib.straggle_s(slow, compute_s)
+            if slow.index not in self.done:
+                self.done.add(slow.index)
+                self.report(slow, "step", self.standing.gen, step)
+                log.warning(
+                    "straggler fault %d: from step %d, for %d steps, the compute is stretched x%g (step %d: %.3fs of compute in the %.3fs since it started, sleeping %.3fs)",
+                    slow.index,
+                    slow.step,
+                    slow.duration,
+                    slow.factor,
+                    step,
+                    compute_s,
+                    elapsed_s,
+                    sleep_s,
+                )
+            time.sleep(sleep_s)
+        self._set_mark()  # this thread trains: the next step's compute is counted from here
