@@ -209,6 +209,19 @@ class LlamaTask(Task):
         logits = model(batch[:, :-1])
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
+    def val_batch(self, index: int, rank: int, world: int, generator: torch.Generator) -> torch.Tensor:
+        """Validation batch ``index`` (train.eval_every): drawn as the training batches are, from its own generator."""
+        return self.batch(0, 0, 1, generator)
+
+    def evaluate(self, model: nn.Module, batch: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """The validation loss and next-token accuracy."""
+        device = next(model.parameters()).device
+        batch = batch.to(device)
+        logits = model(batch[:, :-1])
+        target = batch[:, 1:].reshape(-1)
+        flat = logits.reshape(-1, logits.shape[-1])
+        return {"loss": F.cross_entropy(flat, target), "accuracy": (flat.argmax(-1) == target).float().mean()}
+
 
 class LlamaTPTask(LlamaTask):
     """The same decoder with ``wq``/``wk``/``wv`` apart and torchtitan's tensor-parallel plan

@@ -205,3 +205,20 @@ def test_a_hung_tp_rank_is_replaced_bitwise(job, baseline):
     assert res.rc == 0, res.out[-5000:]
     s = res.summary
     assert [r["failed_ranks"] for r in s["recoveries"]] == [[3]] and s["final_state_sha256"] == baseline(*cfg, *FAST_HB, env=ENV)
+
+
+def test_tensor_parallel_evaluates_saves_and_resumes_as_data_parallel_does(job):
+    """parallel=tp with train.eval_every and train.save_every: its evaluations equal a ddp run's
+    over as many ranks as there are replicas (the TP ranks of a replica evaluate the same
+    batches), and a new job resumed from its periodic copy ends with its bits."""
+    task = ("~task", "+task._target_=models.llama.LlamaParallelTask", "train.steps=12", "train.eval_every=4")
+    tp = job(*task, "parallel=tp", "parallel.tp=2", "cluster.nodes=2", "cluster.workers_per_node=2", "train.save_every=6", env=ENV, timeout_s=300)
+    ddp = job(*task, "parallel=ddp", "cluster.nodes=2", env=ENV, timeout_s=300)
+    assert tp.rc == 0 and ddp.rc == 0, (tp.out[-3000:], ddp.out[-3000:])
+    got, want = ({e["step"]: e["metrics"] for e in r.of("eval")} for r in (tp, ddp))
+    assert sorted(got) == [4, 8, 12] and got.keys() == want.keys()
+    for step in got:
+        assert all(abs(got[step][k] - want[step][k]) <= 1e-5 for k in want[step]), (step, got[step], want[step])
+    resumed = job(*task, "parallel=tp", "parallel.tp=2", "cluster.nodes=2", "cluster.workers_per_node=2", f"resume_from={tp.run_dir / 'saved' / 'step6'}", env=ENV, timeout_s=300)
+    assert resumed.rc == 0, resumed.out[-3000:]
+    assert resumed.summary["final_state_sha256"] == tp.summary["final_state_sha256"]
