@@ -42,6 +42,20 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_fine_s(pid: int) -> float:
+    """The CPU time of every thread of a process from the scheduler's own count (nanoseconds,
+    /proc/PID/task/*/schedstat), where utime + stime counts 10 ms ticks: a recovery of a small
+    world takes a few of them. :func:`cpu_s` where the scheduler's count cannot be read."""
+    try:
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
+    except (OSError, ValueError, IndexError):
+        return cpu_s(pid)
+
+
 def rss_mb(pid: int) -> Optional[float]:
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as f:
@@ -107,7 +121,9 @@ def _stop(procs: List[subprocess.Popen], timeout_s: float) -> None:
 def run_point(ranks: int, wpn: int, steady_s: float, run_dir: Path, rate: float = 100.0, interval_s: float = 0.5, control: str = "rank",
               per_process: int = RANKS_PER_PROCESS) -> Dict[str, Any]:
     """One world size: start-up burst, steady window, one rank's connection closed, recovery.
-    ``control``: cluster.control, a connection per rank or one per node (its relay)."""
+    ``control``: cluster.control, a connection per rank or one per node (its relay). A survivor
+    (``survivor_worker``: rank 1 of node 0, neither rank 0 nor on the victim's node) has its
+    control messages recorded: ``survivor`` is its share of the recovery (bench B5)."""
     nodes = ranks // wpn
     shutil.rmtree(run_dir, ignore_errors=True)  # a stale address.json or events.jsonl would be read as this run's
     run_dir.mkdir(parents=True)
@@ -135,7 +151,8 @@ def _measure(coord: subprocess.Popen, sims: List[subprocess.Popen], ranks: int, 
     t_burst = time.time()
     for i in range(k):
         argv = [sys.executable, "-m", "bench.b7_ranks", "--address", address, "--nodes", str(nodes + 1), "--wpn", str(wpn), "--index", str(i),
-                "--of", str(k), "--interval", str(interval_s), "--rate", str(rate), "--victim", victim, "--epoch", str(t_burst), "--out", str(run_dir / f"ranks{i}.json"), "--control", control]
+                "--of", str(k), "--interval", str(interval_s), "--rate", str(rate), "--victim", victim, "--epoch", str(t_burst), "--out", str(run_dir / f"ranks{i}.json"), "--control", control,
+                "--watch", survivor_worker(wpn)]
         with open(run_dir / f"ranks{i}.out", "w") as out:
             sims.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
     tail = EventTail(run_dir / "events.jsonl")
@@ -143,22 +160,26 @@ def _measure(coord: subprocess.Popen, sims: List[subprocess.Popen], ranks: int, 
     gen0 = tail.wait_for("generation_started", 600, alive)
     time.sleep(3.0)  # the first heartbeats of every rank, the first steps
     coord.send_signal(signal.SIGUSR2)  # b7_coord: the start-up's heartbeat delays end here
-    c0, w0 = cpu_s(coord.pid), time.monotonic()
+    c0, w0 = cpu_fine_s(coord.pid), time.monotonic()
     time.sleep(steady_s)
-    c1, w1 = cpu_s(coord.pid), time.monotonic()
+    c1, w1 = cpu_fine_s(coord.pid), time.monotonic()
     rss = rss_mb(coord.pid)
     coord.send_signal(signal.SIGUSR2)  # and the steady window's here
     time.sleep(0.5)
-    c2 = cpu_s(coord.pid)
+    c2, w2 = cpu_fine_s(coord.pid), time.monotonic()
     sims[victim_node % k].send_signal(signal.SIGUSR1)  # the victim's connection closes
     resumed = tail.wait_for("resumed", 300, alive)
-    recovery_cpu = cpu_s(coord.pid) - c2  # includes up to 0.1 s of polling slack of steady work
+    recovery_cpu = cpu_fine_s(coord.pid) - c2  # includes up to 0.1 s of polling slack of steady work
+    recovery_wall = time.monotonic() - w2
     time.sleep(3.0)  # a few timeouts' worth after the recovery: any false failure shows up
     coord.send_signal(signal.SIGTERM)
     _stop([coord] + sims, 120)
     tail.poll()
     res = _results(tail.events, run_dir, k, victim, t_burst, gen0, resumed, (c1 - c0) / (w1 - w0), rss, ranks, wpn, steady_s, rate, interval_s)
     res["recovery_cpu_ms"] = round(1000 * recovery_cpu, 1)
+    # the recovery's own work: its CPU less the steady rate (heartbeats, metrics) over the same wall time
+    res["recovery_wall_ms"] = round(1000 * recovery_wall, 1)
+    res["recovery_cpu_net_ms"] = round(max(0.0, 1000 * (recovery_cpu - res["cpu_pct"] / 100.0 * recovery_wall)), 1)
     return res
 
 
@@ -190,6 +211,34 @@ def _results(events: List[Dict[str, Any]], run_dir: Path, k: int, victim: str, t
         "recovery_generations": reformed["gen"] - gen0["gen"],  # 1 unless a failure, timeout or start failure began another
         "coordinator_stalls": summary.get("coordinator_stalls"), "stall_events": sum(1 for e in events if e["event"] == "coordinator_stalled"),
         "steps_seen": summary.get("steps_completed"), "status": summary.get("status"),
+        "survivor": survivor_share(sims, closed["t"], resumed["time"]),
+    }
+
+
+def survivor_worker(wpn: int) -> str:
+    """The survivor whose messages are recorded: node 0's second rank (rank 0 sends every step's
+    metrics; the victim is on the middle node); node 0's only one with one rank per node."""
+    return "sim0.1" if wpn > 1 else "sim0.0"
+
+
+def survivor_share(sims: List[Dict[str, Any]], t_closed: float, t_resumed: float) -> Optional[Dict[str, Any]]:
+    """The watched survivor's control messages from the close to the coordinator's ``resumed``:
+    how many and how many bytes, each way, and by type (what it receives and sends in a recovery)."""
+    watch = next((s["watch"] for s in sims if s.get("watch")), None)
+    if watch is None:
+        return None
+    got = [m for m in watch["messages"] if t_closed <= m[0] <= t_resumed]
+    by_type: Dict[str, List[int]] = {}
+    for _, direction, kind, size in got:
+        c = by_type.setdefault(f"{direction} {kind}", [0, 0])
+        c[0], c[1] = c[0] + 1, c[1] + size
+    return {
+        "worker": watch["worker"],
+        "messages": len(got),
+        "bytes": sum(m[3] for m in got),
+        "received": sum(1 for m in got if m[1] == "recv"),
+        "sent": sum(1 for m in got if m[1] == "sent"),
+        "by_type": dict(sorted(by_type.items())),
     }
 
 

@@ -9,7 +9,9 @@ collective do), never below the step its generation started at; an abort holds t
 to a multiple of ``--commit-every`` (every rank holds the same committed step, as real ones do;
 a floor that falls inside the abort's delivery splits the world across two steps, which real
 jobs see too). SIGUSR1 closes the control
-connection of ``--victim`` (a failed rank). Writes what it saw to ``--out`` (JSON).
+connection of ``--victim`` (a failed rank). Writes what it saw to ``--out`` (JSON). ``--watch WID``:
+every control message that simulated rank receives or sends (heartbeats and metrics left out),
+with its time and size, in ``watch`` of the output: one survivor's share of a recovery (bench B5).
 
 ``--control node`` (``cluster.control=node``): each simulated node is one real relay
 connection (``ckptless_hpc.control.relay.Upstream``, the relay process's own upstream code: batched
@@ -37,6 +39,13 @@ from ckptless_hpc.control.relay import Upstream
 SHA = "0" * 64
 PID = os.getpid()
 EPOCH = [0.0]
+WATCHED: List[List[Any]] = []  # --watch: [time, "recv"|"sent", type, bytes] of the watched rank's control messages
+ROUTINE = ("hb", "metrics")  # the steady traffic, not a recovery's
+
+
+def _watch(r: "Rank", direction: str, kind: str, size: int) -> None:
+    if r.watched and kind not in ROUTINE:
+        WATCHED.append([time.time(), direction, kind, size])
 
 
 class Rank:
@@ -54,6 +63,7 @@ class Rank:
         self.stopped = False
         self.up: Optional[Upstream] = None  # --control node: its node's relay connection
         self.gone = False
+        self.watched = False  # --watch: this rank's control messages are recorded
 
     def step(self, now: float, rate: float, steps: int) -> int:
         if not self.training:
@@ -64,6 +74,8 @@ class Rank:
         """A message already written as JSON (``body`` without its closing brace: the time is
         added here): the recovery's many held/joining/ready cost the simulated ranks no
         json.dumps, so that the CPU they share with the coordinator stays small."""
+        if self.watched:
+            _watch(self, "sent", body.split('"type":"', 1)[1].split('"', 1)[0], len(body) + 24)  # + the time field
         if self.up is not None:
             if not self.gone and not self.stopped:
                 self.up.forward_entry(self.wid, f'["{self.wid}",{body},"t":{time.time()}}}]'.encode())
@@ -71,6 +83,8 @@ class Rank:
             self.writer.write(wire.frame(f'{body},"t":{time.time()}}}'.encode()))
 
     def send(self, msg: Dict[str, Any]) -> None:
+        if self.watched:
+            _watch(self, "sent", str(msg.get("type")), len(json.dumps(msg)) + 24)
         if self.up is not None:
             if not self.gone and not self.stopped:
                 msg["t"] = time.time()
@@ -134,6 +148,8 @@ class Sim:
         """``now``: when the message reached the rank's node (its relay hands a frame's entries
         to the node's ranks at once); by default, now."""
         kind, now = messages.kind(msg, messages.TO_WORKER), now or time.time()  # read in place: the simulated ranks' CPU is the coordinator's
+        if r.watched:
+            _watch(r, "recv", str(msg.get("type")), len(json.dumps(msg)))
         if kind is Config:
             self.steps = int(msg["config"]["train"]["steps"])
             r.send(Built(1, 0, 0, 1, 0, pid=os.getpid()).encode())
@@ -259,6 +275,7 @@ class Sim:
             "attempts_max": max((r.attempts for r in self.ranks), default=0),
             "t_first_connected": min(self.t_connected, default=None), "t_last_connected": max(self.t_connected, default=None),
             "assigns": {str(g): v for g, v in self.assigns.items()}, "aborts": {str(g): v for g, v in self.aborts.items()}, "closed": self.closed, "served": len(served),
+            "watch": {"worker": self.a.watch, "messages": WATCHED} if any(r.watched for r in self.ranks) else None,
         }
 
 
@@ -276,10 +293,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--commit-every", type=int, default=1000, help="an abort holds the step floored to a multiple of this")
     ap.add_argument("--connect-timeout", type=float, default=120.0)
     ap.add_argument("--control", choices=("rank", "node"), default="rank", help="cluster.control: a connection per rank, or per node (a relay)")
+    ap.add_argument("--watch", default="", help="record this simulated rank's control messages (heartbeats and metrics left out)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     EPOCH[0] = a.epoch or time.time()
     ranks = [Rank(f"sim{n}", j) for n in range(a.index, a.nodes, a.of) for j in range(a.wpn)]
+    for r in ranks:
+        r.watched = r.wid == a.watch
     res = asyncio.run(Sim(a, ranks).run())
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(res, f)

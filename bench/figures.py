@@ -13,8 +13,11 @@ Two conventions, both invisible in the rendered page:
 - a **table** is rendered from its JSON: ``<!-- bench:table NAME FILE -->`` .. ``<!-- /bench:table -->``;
   ``--render-docs`` rewrites what is between the two lines, ``--check`` compares it.
 
-``--check`` lists every figure that its JSON does not hold (with its line) and every table that
-is not what its JSON renders, and exits 1 if there is one.
+``--check`` reads every page that can quote a measurement (``README.md`` and ``docs/*.md``: a page
+with no marker has nothing to check), lists every figure that its JSON does not hold (with its page
+and line) and every table that is not what its JSON renders, and exits 1 if there is one. It also
+says how many package commits ``HEAD`` has past the core that ``latest.json`` measured
+(``git rev-list --count <core>..HEAD -- ckptless_hpc``), computed when it runs.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -133,9 +137,14 @@ def b8_recover_table(res: Dict[str, Any]) -> List[str]:
 
 
 def b5_table(res: Dict[str, Any]) -> List[str]:
-    body = [[str(r["workers"])] + [f"{r[k]:.3f} s" for k in ("downtime_s", "detect_s", "reconfigure_s", "transfer_s", "resume_s")]
-            + [f"{1e3 * r['step_s']:.0f} ms", f"{r['recovery_excl_resume_s']:.3f} s"] for r in res["b5"]["rows"]]
-    return _md(["workers", "downtime", "detect", "reconfigure", "transfer", "first step", "step", "net of the first step"], body)
+    """B5 (bench/b5.py): per world size and control, the coordinator's work and a survivor's, side by side."""
+    body = [[
+        f"{r['ranks']:,}", str(r["nodes"]), r["control"], f"{r['coordinator_cpu_ms']:.0f} ms", f"{r['coordinator_cpu_us_per_rank']:.0f} µs",
+        f"{r['assign_ms']:.0f} ms", f"{r['reformed_ms']:.0f} ms", f"{r['survivor_messages']:.0f}", f"{r['survivor_bytes']:,.0f}", str(r["reps"]),
+    ] for r in res["b5"]["rows"]]
+    head = ["ranks", "nodes", "control", "coordinator CPU in the recovery", "per rank", "closed → last `assign`", "→ re-formed",
+            "a survivor's messages", "their bytes", "runs"]
+    return _md(head, body)
 
 
 def b7_table(res: Dict[str, Any]) -> List[str]:
@@ -177,9 +186,10 @@ TABLES: Dict[str, Callable[[Dict[str, Any]], List[str]]] = {
 class Problem:
     line: int
     what: str
+    page: str = "docs/benchmarks.md"
 
     def __str__(self) -> str:
-        return f"docs/benchmarks.md:{self.line}: {self.what}"
+        return f"{self.page}:{self.line}: {self.what}"
 
 
 class Results:
@@ -294,26 +304,73 @@ def render(doc: str, results: Results) -> str:
     return "\n".join(out) + ("\n" if doc.endswith("\n") else "")
 
 
-def main_check(doc_path: Path, results_dir: Path) -> int:
-    problems, checked = check(doc_path.read_text(encoding="utf-8"), Results(results_dir))
-    if checked == 0:
-        problems.append(Problem(1, "no figure marker and no table block: nothing could be checked"))
+def pages(repo: Path) -> List[Path]:
+    """Every page that can quote a measurement: the README and each page of docs/."""
+    return [p for p in [repo / "README.md", *sorted((repo / "docs").glob("*.md"))] if p.is_file()]
+
+
+def commits_behind(results_dir: Path, repo: Path) -> Tuple[Optional[int], str]:
+    """How many commits touching ``ckptless_hpc/`` ``HEAD`` has past the core that
+    ``latest.json`` measured (``machine.core_commit``), and a line that says so (or why not)."""
+    try:
+        core = (json.loads((results_dir / "latest.json").read_text(encoding="utf-8")).get("machine") or {}).get("core_commit")
+    except (OSError, json.JSONDecodeError) as e:
+        return None, f"latest.json's core: not read ({e})"
+    if not core:
+        return None, "latest.json names no core commit (machine.core_commit): how far behind HEAD it is cannot be told"
+    cmd = ["git", "-C", str(repo), "rev-list", "--count", f"{core}..HEAD", "--", "ckptless_hpc"]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"latest.json's core {core[:7]}: git could not count the commits after it ({e})"
+    if p.returncode != 0 or not p.stdout.strip().isdigit():
+        return None, f"latest.json's core {core[:7]}: git could not count the commits after it ({p.stderr.strip()[:200] or 'no output'}); not a checkout holding that commit?"
+    n = int(p.stdout.strip())
+    return n, f"latest.json measured core {core[:7]}: HEAD is {n} package commit(s) past it (git rev-list --count {core[:7]}..HEAD -- ckptless_hpc)"
+
+
+def _shown(path: Path, repo: Optional[Path]) -> str:
+    try:
+        return str(path.resolve().relative_to(repo.resolve())) if repo is not None else str(path)
+    except ValueError:
+        return str(path)
+
+
+def main_check(doc_paths: Any, results_dir: Path, repo: Optional[Path] = None) -> int:
+    """``--check``: every page of ``doc_paths`` (one path or several) against ``results_dir``.
+    A page given alone must hold something to check; of several, a page without a marker is
+    left out (it quotes no kept measurement), but not all of them."""
+    paths = [doc_paths] if isinstance(doc_paths, Path) else list(doc_paths)
+    problems: List[Problem] = []
+    counts: Dict[str, int] = {}
+    for path in paths:
+        name = str(path) if len(paths) == 1 or repo is None else _shown(path, repo)
+        found, checked = check(path.read_text(encoding="utf-8"), Results(results_dir))
+        problems += [Problem(p.line, p.what, name) for p in found]
+        if checked:
+            counts[name] = checked
+    if not counts:
+        problems.append(Problem(1, "no figure marker and no table block: nothing could be checked", str(paths[0]) if len(paths) == 1 else "README.md and docs/*.md"))
     for p in problems:
-        print(str(p).replace("docs/benchmarks.md", str(doc_path)))
+        print(str(p))
+    if repo is not None:
+        print(f"python -m bench --check: {commits_behind(results_dir, repo)[1]}")
+    where = ", ".join(f"{k} ({n})" for k, n in counts.items())
     if problems:
-        print(f"python -m bench --check: {len(problems)} figure(s) of {doc_path} not in the JSON they name. "
+        print(f"python -m bench --check: {len(problems)} figure(s) not in the JSON they name (pages checked: {where or 'none'}). "
               f"HINT: quote the JSON's value (or fix the marker's key); tables: python -m bench --render-docs")
         return 1
-    print(f"python -m bench --check: all {checked} marked figures and tables of {doc_path} are in their JSON ({results_dir})")
+    total = sum(counts.values())
+    print(f"python -m bench --check: all {total} marked figures and tables of {len(counts)} page(s) are in their JSON ({results_dir}): {where}")
     return 0
 
 
-def main_render(doc_path: Path, results_dir: Path) -> int:
-    text = doc_path.read_text(encoding="utf-8")
-    new = render(text, Results(results_dir))
-    if new != text:
-        doc_path.write_text(new, encoding="utf-8")
-        print(f"python -m bench --render-docs: rewrote the tables of {doc_path} from {results_dir}")
-    else:
-        print(f"python -m bench --render-docs: {doc_path} is up to date")
-    return main_check(doc_path, results_dir)
+def main_render(doc_paths: Any, results_dir: Path, repo: Optional[Path] = None) -> int:
+    paths = [doc_paths] if isinstance(doc_paths, Path) else list(doc_paths)
+    for doc_path in paths:
+        text = doc_path.read_text(encoding="utf-8")
+        new = render(text, Results(results_dir))
+        if new != text:
+            doc_path.write_text(new, encoding="utf-8")
+            print(f"python -m bench --render-docs: rewrote the tables of {doc_path} from {results_dir}")
+    return main_check(paths, results_dir, repo)

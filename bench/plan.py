@@ -42,6 +42,8 @@ class Plan:
     b3_torchft: bool  # also time TorchFT's steady state in B3 (else B2 uses its kill run's steps before the kill)
     b4_bytes: int
     b4_reps: int
+    # the real-process recovery at a few workers (b5_nodes): what `--only gloo_lazy` compares (B5 was
+    # this until it measured the 2 cores' share more than the design: bench/b5.py)
     b5_size: str
     b5_nodes: Tuple[int, ...]
     b5_steps: int
@@ -87,6 +89,13 @@ class Plan:
     b9_grow_modes: Tuple[str, ...] = ("ddp", "zero")
     b9_grow_reps: int = 0
     b9_grow_slow_steps: int = 0  # rank 0 3x slower for this many steps after the loss, so that the refill is built in time (a tiny model)
+    # B5 (bench/b5.py): a recovery's work for the coordinator and a survivor, simulated ranks at
+    # these world sizes (b7_wpn per node), each control, b5_sim_reps runs each, alternated
+    b5_ranks: Tuple[int, ...] = (64, 256, 1024, 4096)
+    b5_controls: Tuple[str, ...] = ("node", "rank")
+    b5_steady_s: float = 3.0
+    b5_sim_reps: int = 2
+    fsdp_warmup_reps: int = 5  # fresh processes of each kind (bench/fsdp_warmup.py; --only fsdp_warmup)
     notes: Dict[str, str] = field(default_factory=dict)
 
 
@@ -99,6 +108,8 @@ QUICK = Plan(
     b5_size="tiny", b5_nodes=(2, 4), b5_steps=30, b5_fault_step=15, b5_reps=1,  # 8 workers: full run only
     b6_size="tiny", b6_interval_s=4.0, b6_failures=1,
     b7_ranks=(300,), b7_steady_s=3.0,
+    fsdp_warmup_reps=1,
+    b5_ranks=(32, 128), b5_controls=("node",), b5_steady_s=1.0, b5_sim_reps=1,
 )
 
 FULL = Plan(

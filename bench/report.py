@@ -77,13 +77,7 @@ def rows(res: Dict[str, Any]) -> List[List[str]]:
         f"first touch {b4['first_touch_gbps']:.1f} GB/s{', into a pre-touched arena' if b4.get('arena') else ''})",
         ">=70%", f"{_pct(b4['fraction_of_loopback'], 0)}: {_ok(b4['fraction_of_loopback'] >= 0.7)}",
     ])
-    b5 = res["b5"]
-    parts = ", ".join(f"{r['workers']}: {_s(r['downtime_s'], 's', 3)} (step {1e3 * r['step_s']:.0f} ms)" for r in b5["rows"])
-    out.append([
-        f"B5 scaling, {b5['size']} model",
-        f"downtime {parts}; growth excl. first step {b5['growth_excl_resume_pct']:+.0f}%, in units of the step time {b5['growth_in_steps_pct']:+.0f}%",
-        f"<=10% ({b5['from_to'][0]}->{b5['from_to'][1]})", f"{b5['growth_pct']:+.0f}%: {_ok(b5['growth_pct'] <= 10)}",
-    ])
+    out += b5_rows(res["b5"])
     b6 = res["b6"]
     out.append([
         f"B6 local goodput, a kill every {b6['interval_s']:.0f}s",
@@ -114,6 +108,35 @@ def _range(sp: Optional[Dict[str, Any]]) -> str:
 
 def _pairs(ratios: Optional[List[float]]) -> str:
     return f", pairs {min(ratios):.3f}-{max(ratios):.3f}" if ratios else ""
+
+
+def b5_rows(b5: Dict[str, Any]) -> List[List[str]]:
+    """B5: a recovery's work for the coordinator and a survivor as the world grows (bench/b5.py),
+    one row per control; a JSON of the earlier B5 (real workers at 2-8) as it was shown."""
+    if "rows" not in b5:
+        return [["B5 a recovery's work vs the world", b5.get("status", "skipped"), "-", "n/a"]]
+    if b5["rows"] and "workers" in b5["rows"][0]:
+        parts = ", ".join(f"{r['workers']}: {_s(r['downtime_s'], 's', 3)} (step {1e3 * r['step_s']:.0f} ms)" for r in b5["rows"])
+        return [[
+            f"B5 scaling, {b5['size']} model",
+            f"downtime {parts}; growth excl. first step {b5['growth_excl_resume_pct']:+.0f}%, in units of the step time {b5['growth_in_steps_pct']:+.0f}%",
+            f"<=10% ({b5['from_to'][0]}->{b5['from_to'][1]})", f"{b5['growth_pct']:+.0f}%: {_ok(b5['growth_pct'] <= 10)}",
+        ]]
+    t = b5["targets"]
+    out = []
+    for control, g in b5["growth"].items():
+        rs = [r for r in b5["rows"] if r["control"] == control]
+        lo, hi = rs[0], rs[-1]
+        ce, sg = g["coordinator_exponent"], g["survivor_bytes_growth_pct"]
+        out.append([
+            f"B5 a recovery's work, {lo['ranks']:,} -> {hi['ranks']:,} simulated ranks, control={control}",
+            f"coordinator CPU {lo['coordinator_cpu_ms']:.0f} -> {hi['coordinator_cpu_ms']:.0f} ms ({lo['coordinator_cpu_us_per_rank']:.0f} -> "
+            f"{hi['coordinator_cpu_us_per_rank']:.0f} us per rank; exponent {'n/a' if ce is None else f'{ce:.2f}'}); a survivor: {lo['survivor_messages']:.0f} -> "
+            f"{hi['survivor_messages']:.0f} messages, {lo['survivor_bytes']:.0f} -> {hi['survivor_bytes']:.0f} bytes ({'n/a' if sg is None else f'{sg:+.1f}%'})",
+            f"survivor flat (<= {t['survivor_bytes_growth_pct']:.0f}%); coordinator <= linear (exponent <= {t['coordinator_exponent']})",
+            f"{_ok(g['survivor_flat'])}; {_ok(g['coordinator_at_most_linear'])}",
+        ])
+    return out
 
 
 def b8_rows(b8: Optional[Dict[str, Any]]) -> List[List[str]]:
@@ -276,15 +299,24 @@ def chart(res: Dict[str, Any], path: Path) -> Optional[Path]:
     a.legend()
     # B5
     a = ax[0][1]
-    rows5 = res["b5"]["rows"]
-    w = [r["workers"] for r in rows5]
-    a.plot(w, [r["downtime_s"] for r in rows5], "o-", label="downtime", color="tab:green")
-    a.plot(w, [r["recovery_excl_resume_s"] for r in rows5], "s--", label="detect+reconfigure+transfer", color="tab:olive")
-    a.plot(w, [r["step_s"] for r in rows5], "^:", label="step time", color="tab:gray")
-    a.set_xlabel("workers (2 CPU cores)")
-    a.set_ylabel("seconds")
-    a.set_xticks(w)
-    a.set_title(f"B5: recovery vs worker count ({res['b5']['size']} model)")
+    rows5 = res["b5"].get("rows", [])
+    if rows5 and "workers" in rows5[0]:  # the earlier B5 (real workers)
+        w = [r["workers"] for r in rows5]
+        a.plot(w, [r["downtime_s"] for r in rows5], "o-", label="downtime", color="tab:green")
+        a.plot(w, [r["recovery_excl_resume_s"] for r in rows5], "s--", label="detect+reconfigure+transfer", color="tab:olive")
+        a.set_xlabel("workers (2 CPU cores)")
+        a.set_ylabel("seconds")
+        a.set_title("B5: recovery vs worker count")
+    elif rows5:
+        for control, color in (("node", "tab:green"), ("rank", "tab:olive")):
+            rs = [r for r in rows5 if r["control"] == control]
+            if rs:
+                a.plot([r["ranks"] for r in rs], [r["coordinator_cpu_ms"] for r in rs], "o-", color=color, label=f"coordinator CPU (ms), control={control}")
+                a.plot([r["ranks"] for r in rs], [r["survivor_bytes"] / 1000 for r in rs], "s--", color=color, label=f"a survivor's messages (kB), control={control}")
+        a.set_xscale("log")
+        a.set_yscale("log")
+        a.set_xlabel("simulated ranks")
+        a.set_title("B5: one recovery's work vs the world")
     a.legend()
     # B3 + B4
     a = ax[1][0]

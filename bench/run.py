@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # python bench/run.py
 
 from ckptless_hpc.tools import sim  # noqa: E402
 
-from . import b7 as b7lib, b8 as b8lib, b9 as b9lib, ckpt_restart, figures, report, slurm_path, torchft_bench, transfer  # noqa: E402
+from . import b5 as b5lib, b7 as b7lib, b8 as b8lib, b9 as b9lib, ckpt_restart, figures, fsdp_warmup as fsdp_warmup_lib, report, slurm_path, torchft_bench, transfer  # noqa: E402
 from .common import REPO, SIZES, BenchError, JobRun, cpu_per_step, lm_params, machine_info, median, run_ckptless, spread, task_overrides, torchft_version, verdict  # noqa: E402
 from .plan import PLANS, Plan  # noqa: E402
 
@@ -248,19 +248,18 @@ class Bench:
         )
         return out
 
-    # ---------------------------------------------------------------- B5: scaling
+    # ---------------------------------------------------------------- B5: a recovery's work as the world grows
     def b5(self) -> Dict[str, Any]:
+        """B5 (bench/b5.py): the coordinator's and a survivor's work per recovery at growing world
+        sizes, simulated ranks (B7's harness), with relays and without."""
         p = self.plan
-        log(f"B5 scaling: {p.b5_size} model, workers {p.b5_nodes}, kill rank 1 at step {p.b5_fault_step}")
-        runs: Dict[int, List[JobRun]] = {n: [] for n in p.b5_nodes}
-        for rep in range(p.b5_reps):  # alternate the sizes so that load drifts hit all of them
-            for n in p.b5_nodes:
-                runs[n] = self.job(f"b5-n{n}", self._b5_overrides(n), rep + 1)
-        out = self._b5_summary(runs)
-        lo, hi = out["rows"][0], out["rows"][-1]
-        log(f"  downtime {lo['downtime_s']:.3f}s at {lo['workers']} -> {hi['downtime_s']:.3f}s at {hi['workers']} workers ({out['growth_pct']:+.0f}%)")
+        log(f"B5 a recovery's work vs the world: simulated ranks {list(p.b5_ranks)} ({p.b7_wpn} per node), cluster.control {list(p.b5_controls)}, "
+            f"{p.b5_sim_reps} run(s) each, steady window {p.b5_steady_s:.0f}s")
+        out = b5lib.run(self, log)
+        log("  " + b5lib.one_line(out))
         return out
 
+    # the real-process recovery at 2, 4, 8 workers (the earlier B5): what gloo_lazy compares
     def _b5_summary(self, runs: Dict[int, List[JobRun]]) -> Dict[str, Any]:
         p = self.plan
         rows = []
@@ -440,11 +439,19 @@ class Bench:
         log(b9lib.table(res))
         return res
 
+    def fsdp_warmup(self) -> Dict[str, Any]:
+        """A hot spare's FSDP2 warm-up: the first ``fully_shard`` of a fresh process with and without it (bench/fsdp_warmup.py)."""
+        reps = self.plan.fsdp_warmup_reps
+        log(f"FSDP warm-up: {reps} fresh process(es) each, cold and warm alternated")
+        res = fsdp_warmup_lib.measure(reps)
+        log("  " + fsdp_warmup_lib.one_line(res))
+        if not res["same_result"]:
+            raise BenchError("FSDP warm-up: the first step after the warm-up differs from a cold process's: the warm-up left a trace. HINT: see samples[].params_sha256")
+        return res
+
     def b6_sim(self, b1: Dict[str, Any], b3: Dict[str, Any], b5: Dict[str, Any]) -> Dict[str, Any]:
         pt = b1["points"][-1]  # the largest model measured
-        rows = b5["rows"]
-        doublings = math.log2(rows[-1]["workers"] / rows[0]["workers"])
-        per_doubling = max(0.0, (rows[-1]["reconfigure_s"] - rows[0]["reconfigure_s"]) / doublings) if doublings > 0 else 0.0
+        per_doubling = b5lib.group_init_per_doubling_s(b5)  # B5's re-formation growth per doubling of the world
         costs = sim.Costs(
             detect_s=pt["hang"]["detect_s"],  # a crashed node says nothing: heartbeat detection
             reconfigure_s=pt["kill"]["reconfigure_s"],
@@ -505,8 +512,7 @@ def headline(res: Dict[str, Any]) -> Dict[str, Optional[float]]:
         "b3_overhead_pct": _f(res["b3"]["overhead_pct"]),
         "b4_transfer_fraction_of_loopback": _f(res["b4"]["fraction_of_loopback"]),
         "b4_sources_speedup_4_vs_1": _f(res["b4"]["sources"]["speedup_max_vs_1"]) if "sources" in res["b4"] else None,  # issue 14, loopback
-        "b5_growth_pct_2_to_8": _f(res["b5"]["growth_pct"]),
-        "b5_growth_pct_net_2_to_8": _f(res["b5"]["growth_excl_resume_pct"]),  # detect + reconfigure + transfer
+        **{k: _f(v) for k, v in b5lib.headline(res.get("b5")).items()},  # a recovery's work vs the world: the coordinator's exponent, the survivor's growth
         "b6_goodput_local": _f(res["b6"]["ckptless"]["goodput"]),
         "b6_goodput_sim_16k": _f(res["b6_sim"]["at_16k"]["checkpointless_goodput"]),
         **b7lib.headline(res.get("b7")),
@@ -562,7 +568,7 @@ def _resim(results: Path, plan: Plan) -> int:
     return 0
 
 
-INDEPENDENT = ("b3", "b4", "b5", "b7", "b8", "b9", "b1_slurm", "gloo_lazy")  # sections that use no other section's results
+INDEPENDENT = ("b3", "b4", "b5", "b7", "b8", "b9", "b1_slurm", "gloo_lazy", "fsdp_warmup")  # sections that use no other section's results
 
 
 def _only(names: List[str], plan: Plan, results: Path, add_to_latest: bool = False) -> int:
@@ -589,6 +595,8 @@ def _only(names: List[str], plan: Plan, results: Path, add_to_latest: bool = Fal
         print("\n" + b7lib.table(res["b7"]))
     if "b9" in names:
         print("\n" + b9lib.table(res["b9"]))
+    if "b5" in names:
+        print("\n" + b5lib.one_line(res["b5"]))
     if add_to_latest:
         _add_to_latest(res, names, results / "latest.json")
     print(f"\nwrote {path}")
@@ -600,7 +608,12 @@ def _add_to_latest(res: Dict[str, Any], names: List[str], latest: Path) -> None:
     old = json.loads(latest.read_text(encoding="utf-8"))
     for n in names:
         old[n] = res[n]
-        old[n]["measured"] = {"command": res["command"], "date": res["date"], "loadavg_at_end": res["machine"]["loadavg_at_end"]}
+        old[n]["measured"] = {"command": res["command"], "date": res["date"], "loadavg_at_end": res["machine"]["loadavg_at_end"],
+                              "loadavg_at_start": res["machine"].get("loadavg_at_start"), "core_commit": res["machine"].get("core_commit")}
+    if "b5" in names:
+        for k in ("b5_growth_pct_2_to_8", "b5_growth_pct_net_2_to_8"):  # the earlier B5's keys: gone with its section
+            old.pop(k, None)
+        old.update(b5lib.headline(res["b5"]))
     if "b7" in names:
         old.update(b7lib.headline(res["b7"]))
     if "b8" in names:
@@ -619,17 +632,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--results", type=Path, default=DEFAULT_RESULTS, help=f"results folder (default {DEFAULT_RESULTS.relative_to(REPO)})")
     ap.add_argument("--resim", action="store_true", help="measure nothing: recompute the simulation (B6 at scale), table and chart from DIR/latest.json")
     ap.add_argument("--add-to-latest", action="store_true", help="with --only: also add those sections (and their headline keys) to DIR/latest.json, leaving the rest of it as it is")
-    ap.add_argument("--check", action="store_true", help="measure nothing: fail (exit 1) when docs/benchmarks.md quotes a figure its JSON in DIR does not hold (bench/figures.py)")
-    ap.add_argument("--render-docs", action="store_true", help="measure nothing: rewrite the tables of docs/benchmarks.md from the JSON in DIR, then --check")
-    ap.add_argument("--doc", type=Path, default=DOC, help=f"with --check/--render-docs: the page (default {DOC.relative_to(REPO)})")
+    ap.add_argument("--check", action="store_true", help="measure nothing: fail (exit 1) when README.md or a page of docs/ quotes a figure its JSON in DIR does not hold (bench/figures.py)")
+    ap.add_argument("--render-docs", action="store_true", help="measure nothing: rewrite the tables of README.md and docs/*.md from the JSON in DIR, then --check")
+    ap.add_argument("--doc", type=Path, action="append", help="with --check/--render-docs: only this page (repeatable; default README.md and every docs/*.md)")
     ap.add_argument("--only", default="", help=f"comma-separated sections that need no other ({', '.join(INDEPENDENT)}): run just those, write DIR/only-<names>.json")
     args = ap.parse_args(argv)
     plan = PLANS["quick" if args.quick else "full"]
     results = args.results.resolve()
+    docs = args.doc[0] if args.doc and len(args.doc) == 1 else (args.doc or figures.pages(REPO))
     if args.check:
-        return figures.main_check(args.doc, results)
+        return figures.main_check(docs, results, REPO)
     if args.render_docs:
-        return figures.main_render(args.doc, results)
+        return figures.main_render(docs, results, REPO)
     if args.resim:
         return _resim(results, plan)
     if args.only:

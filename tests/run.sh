@@ -17,6 +17,7 @@ PY=${PYTHON:-python3}
 export CKPTLESS_REQUIRE_EXAMPLES=${CKPTLESS_REQUIRE_EXAMPLES:-1}
 if [ "$(id -u)" = 0 ]; then
   export CKPTLESS_REQUIRE_SLURM=${CKPTLESS_REQUIRE_SLURM:-1}
+  export CKPTLESS_REQUIRE_MOUNT=${CKPTLESS_REQUIRE_MOUNT:-1}  # the full-disk and read-only tests' tmpfs (tests/unit/conftest.py): a failed mount fails them
   bash tests/slurm_cluster/up.sh 4
   # what the test command started, it stops when it ends (CKPTLESS_KEEP_SLURM=1 keeps the
   # mini-cluster running for more runs; stop it later with bash tests/slurm_cluster/down.sh)

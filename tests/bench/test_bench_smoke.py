@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 KEYS = (
     "b1_downtime_s", "b1_ratio_vs_ckpt_restart", "b2_ratio_vs_torchft", "b3_overhead_pct",
-    "b4_transfer_fraction_of_loopback", "b5_growth_pct_2_to_8", "b6_goodput_local", "b6_goodput_sim_16k",
+    "b4_transfer_fraction_of_loopback", "b5_coordinator_exponent", "b5_survivor_bytes_growth_pct", "b6_goodput_local", "b6_goodput_sim_16k",
     "b8_replication_overhead_pct_f1",
     "b9_fixed_overhead_pct_4ranks", "b9_degraded_vs_ideal_pct", "b9_shrink_downtime_s", "b9_promotion_downtime_s",
 )
@@ -60,12 +60,28 @@ def test_quick_harness_writes_finite_results(tmp_path):
     assert floor["snapshot_bytes_per_step"] > 0 and floor["floor_s_per_step"] > 0 and floor["blocked_s_per_step"] > 0, floor
     assert res["b8"]["recover"][0]["oracle"] is True
     _b9_behaves(res["b9"])
+    _b5_behaves(res["b5"])
     if res["b2"]["status"] == "ok":
         assert res["b2"]["torchft_version"] == res["machine"]["torchft"] is not None
     assert "B1 kill" in p.stdout and "B6 simulated" in p.stdout
     _b7_behaves(res["b7"], p.stderr)  # the progress lines go to stderr
     if importlib.util.find_spec("matplotlib") is not None:
         assert (tmp_path / "latest.png").stat().st_size > 10_000
+
+
+def _b5_behaves(b5: dict) -> None:
+    """B5 (a recovery's work vs the world, simulated ranks): every world size recovered with no
+    false failure, a survivor's messages of the recovery counted (abort and assign in, held,
+    joining and ready out), the coordinator's CPU and the growth of both there."""
+    sizes = sorted({r["ranks"] for r in b5["rows"]})
+    assert len(sizes) >= 2, b5["rows"]
+    for r in b5["rows"]:
+        assert r["false_failures"] == 0 and r["startup_lost"] == 0, r
+        assert {"recv abort", "recv assign", "sent held", "sent ready"} <= set(r["survivor_by_type"]), r["survivor_by_type"]
+        assert r["coordinator_cpu_ms"] > 0 and r["survivor_bytes"] > 0, r
+    for g in b5["growth"].values():
+        for key in ("coordinator_exponent", "survivor_bytes_growth_pct"):
+            assert isinstance(g[key], (int, float)) and math.isfinite(g[key]), (key, g)
 
 
 def _b9_behaves(b9: dict) -> None:

@@ -1,8 +1,9 @@
-"""docs/benchmarks.md quotes only figures that bench/results/ holds (``python -m bench --check``).
+"""README.md and docs/*.md quote only figures that bench/results/ holds (``python -m bench --check``).
 
-The first test runs the check on the committed page and results, so the test command and CI
-fail when a figure of the page is not in the JSON it names; the others show that the check
-catches a wrong figure, a wrong key, a missing file and a stale table, each with its line.
+The first test runs the check on the committed pages and results, so the test command and CI
+fail when a figure of any page is not in the JSON it names, and it checks the count of package
+commits the quoted run is behind HEAD that the check prints; the others show that the check
+catches a wrong figure, a wrong key, a missing file and a stale table, each with its page and line.
 """
 
 from __future__ import annotations
@@ -22,11 +23,38 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_the_committed_page_quotes_only_what_its_json_holds():
+def test_the_committed_pages_quote_only_what_their_json_holds():
     p = subprocess.run([sys.executable, "-m", "bench", "--check"], cwd=REPO, capture_output=True, text=True, timeout=100)
     assert p.returncode == 0, p.stdout[-5000:] + p.stderr[-3000:]
     n = int(p.stdout.split("all ")[1].split()[0])
     assert n >= 40, p.stdout  # the page's figures are marked, not a handful of them
+    # every page that quotes a measurement is read, not only docs/benchmarks.md
+    for page in ("README.md", "docs/benchmarks.md", "docs/sharding.md", "docs/concepts.md", "docs/failure-semantics.md", "docs/slurm.md"):
+        assert f"{page} (" in p.stdout, (page, p.stdout[-2000:])
+    # how far the quoted run is behind HEAD, counted now
+    core = json.loads((REPO / "bench" / "results" / "latest.json").read_text())["machine"]["core_commit"]
+    want = subprocess.run(["git", "-C", str(REPO), "rev-list", "--count", f"{core}..HEAD", "--", "ckptless_hpc"], capture_output=True, text=True, timeout=30)
+    if want.returncode == 0:
+        assert f"latest.json measured core {core[:7]}: HEAD is {int(want.stdout)} package commit(s) past it" in p.stdout, p.stdout[-2000:]
+    else:  # not a git checkout holding that commit (an sdist, a shallow clone): said, not guessed
+        assert "could not count" in p.stdout, p.stdout[-2000:]
+
+
+def test_a_wrong_figure_on_any_page_fails_with_its_page_and_line(tmp_path):
+    _results(tmp_path)
+    a, b = tmp_path / "README.md", tmp_path / "other.md"
+    a.write_text("<!-- bench:source only-x.json -->\nB4 90 %<!--@ b4.fraction_of_loopback x100 -->\n")
+    b.write_text("no figure here\nB4 82 %<!--@ only-x.json:b4.fraction_of_loopback x100 -->\n")
+    (tmp_path / "plain.md").write_text("a page without markers: nothing to check, not an error\n")
+    cmd = [sys.executable, "-m", "bench", "--check", "--results", str(tmp_path)] + [f"--doc={d}" for d in (a, b, tmp_path / "plain.md")]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=100)
+    assert p.returncode == 1 and f"{b}:2: " in p.stdout and f"{a}:" not in p.stdout and "plain.md:" not in p.stdout, p.stdout
+    b.write_text("B4 91 %<!--@ only-x.json:b4.fraction_of_loopback x100 -->\n")  # 90.32 rounds to 90
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=100)
+    assert p.returncode == 1 and "quotes 91, but" in p.stdout
+    b.write_text("B4 90 %<!--@ only-x.json:b4.fraction_of_loopback x100 -->\n")
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=100)
+    assert p.returncode == 0 and "all 2 marked figures and tables of 2 page(s)" in p.stdout, p.stdout
 
 
 RES = {"b3": {"overhead_pct": 1.04, "pair_ratios": [1.021, 0.988, 1.036]}, "b1": {"points": [{"size": "10M", "kill": {"downtime_s": 3.3495}}]},

@@ -6,7 +6,9 @@ last committed own_entries; HSDP: the same shard index of the other replica, liv
 survivors reset, re-bind to generation 1 in the same process, and redo the step: every rank
 ends bitwise equal to the fault-free run; the same with gradient accumulation (set_sync) and
 the kill in the first micro-batch. Single-process checks run in fresh processes (the default
-group is process-wide). Figures are printed (pytest -s), never asserted."""
+group is process-wide). Figures are printed (pytest -s), never asserted. The warm-up's effect on the
+first ``fully_shard`` is measured by ``python -m bench --only fsdp_warmup`` and its result checked
+by tests/bench/test_fsdp_warmup.py."""
 
 from __future__ import annotations
 
@@ -170,9 +172,3 @@ def test_rebind_unbind_and_own_state_round_trip():
     assert "the entry is (1, 12)" in errs["shape"]
     assert out["unchanged_after_refusals"]  # checked before anything is written
     print(f"rebind: first {out['rebind_first_s'] * 1e3:.3f} ms, median {out['rebind_median_s'] * 1e3:.3f} ms")
-
-
-def test_warm_up_makes_first_fully_shard_fast():
-    cold, warm = _single("cold_vs_warm", "cold"), _single("cold_vs_warm", "warm")
-    print(f"first fully_shard: cold {cold['shard_s'] * 1e3:.1f} ms, after warm_up {warm['shard_s'] * 1e3:.1f} ms "
-          f"(warm_up itself {warm['warm_up']['total_s'] * 1e3:.0f} ms); first step cold {cold['first_step_s'] * 1e3:.1f} ms, warm {warm['first_step_s'] * 1e3:.1f} ms")

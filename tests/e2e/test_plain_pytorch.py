@@ -8,12 +8,21 @@ scheduler, the precision and the sharded layouts do what plain PyTorch does. The
 a float summation order (the job reduces in buckets over ranks, the loop accumulates in one
 ``.grad``), orders of magnitude below the effect of any break of a divisor or a coefficient.
 SGD is used wherever the gradient's scale matters (Adam would hide a wrong divisor).
+
+A sharded final state is also checked against a view taken without the state path: each live
+rank writes its full model from inside the job (tasks_for_tests/gather_tasks.py: its
+``evaluate`` after the last step, DTensor shards gathered with ``full_tensor()``, ZeRO after the
+owners' broadcast). The export must equal every rank's view bitwise, and that view must equal
+plain PyTorch within the case's tolerance: an export that rebuilt the model from the shard
+files wrongly, and a ``model.pt`` built by the same wrong function, would agree with each other
+but not with the live ranks.
 """
 
 from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Dict, Tuple
 
 import pytest
 import torch
@@ -78,10 +87,34 @@ def _tasks_importable(monkeypatch):
     monkeypatch.syspath_prepend(str(TASKS_DIR))
 
 
+def _gathering(cfg: Tuple[str, ...], gather_dir: Path) -> Tuple[str, ...]:
+    """``cfg`` with its task swapped for the same task that writes each rank's full view after
+    the last step (gather_tasks.py: one evaluation, at the end)."""
+    gathered = tuple(o.replace("engine_tasks.SGDGroupsMLP", "gather_tasks.SGDGroupsGather").replace("engine_tasks.BatchNormSGD", "gather_tasks.BatchNormSGDGather") for o in cfg)
+    assert gathered != cfg, f"no task of gather_tasks.py for {cfg}"
+    steps = next(o for o in STEPS if o.startswith("train.steps=")).split("=")[1]
+    return (*gathered, f"+task.gather_dir={gather_dir}", f"train.eval_every={steps}", "train.eval_batches=1")
+
+
+def _live_views(gather_dir: Path) -> Dict[int, Dict[str, torch.Tensor]]:
+    """Rank -> the full model that rank held after the last step, as it wrote it."""
+    views: Dict[int, Dict[str, torch.Tensor]] = {}
+    for f in sorted(gather_dir.glob("rank*.pt")):
+        got = torch.load(f, weights_only=True)
+        assert got["rank"] not in views, f"two views of rank {got['rank']} ({sorted(p.name for p in gather_dir.iterdir())}): one evaluation per rank expected"
+        views[got["rank"]] = got["tensors"]
+    return views
+
+
 @pytest.mark.parametrize("case", list(CASES))
-def test_job_trains_what_plain_pytorch_trains(case, job):
+def test_job_trains_what_plain_pytorch_trains(case, job, tmp_path):
     cfg, fault, tol = CASES[case]
     cfg = (*cfg, *STEPS)
+    sharded = any(o.startswith("parallel=") for o in cfg)
+    gather_dir = tmp_path / "live_views"
+    if sharded:
+        gather_dir.mkdir()
+        cfg = _gathering(cfg, gather_dir)
     res = job(*cfg, *fault, env=ENV)
     assert res.rc == 0, res.out[-4000:]
     s = res.summary
@@ -97,7 +130,7 @@ def test_job_trains_what_plain_pytorch_trains(case, job):
     assert diffs[worst] <= tol, f"{case}: {worst} differs from plain PyTorch by {diffs[worst]:.3g} of its magnitude (tolerance {tol:g}); all: {diffs}"
     if case == "clip_bites":
         assert min(e["grad_norm"] for e in res.of("step")) > 0.05, "the gradient never needed clipping: the case proves nothing"
-    if any(o.startswith("parallel=") for o in cfg):
+    if sharded:
         # a sharded final state: one file per shard, and its export is its own full model
         files = s["final"]["state"]["files"]
         assert len(files) == (3 if "cluster.nodes=3" in cfg else 2), files
@@ -105,3 +138,16 @@ def test_job_trains_what_plain_pytorch_trains(case, job):
         assert tools_main(["export", str(res.run_dir), "--out", str(out)], out=io.StringIO()) == 0
         exported = torch.load(out, weights_only=True)
         assert exported.keys() == got.keys() and all(torch.equal(exported[k], got[k]) for k in got)
+        # ... and the model the live ranks held: every rank's view, gathered without the state path
+        views = _live_views(gather_dir)
+        processes = int(s["workers"].split("/")[0])  # the live processes at the end ("2/3 (degraded)" in a shrunk job)
+        assert sorted(views) == list(range(processes)), f"{case}: views of ranks {sorted(views)}, {processes} live processes ({s['workers']})"
+        params = {n for n, _ in task.build_model().named_parameters()}
+        for rank, view in views.items():
+            assert view.keys() == exported.keys(), f"{case}: rank {rank}'s view holds {sorted(view)}, the export {sorted(exported)}"
+            # parameters are the same on every rank; buffers (BatchNorm statistics) are rank 0's in the state
+            differ = [k for k in exported if (k in params or rank == 0) and not torch.equal(view[k], exported[k])]
+            assert not differ, f"{case}: the export differs from what live rank {rank} held in {differ}"
+        live = plain_loop.max_differences(views[0], want)
+        worst = max(live, key=live.get)
+        assert live[worst] <= tol, f"{case}: live rank 0's {worst} differs from plain PyTorch by {live[worst]:.3g} of its magnitude (tolerance {tol:g})"
