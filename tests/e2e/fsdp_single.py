@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -44,27 +43,6 @@ def default_group() -> dict:
             out[what] = "no error"
         except RuntimeError as e:
             out[what] = str(e)
-    return out
-
-
-def cold_vs_warm() -> dict:
-    """The first fully_shard in a process, with or without a warm-up before (argv[2])."""
-    warm = sys.argv[2] == "warm"
-    out = {}
-    if warm:
-        out["warm_up"] = F.warm_up(W.build, _loss)
-    F.stable_default_group(0, 1)
-    pg = F.register_group(_gloo1(), "gen0", [0])
-    model = W.build()
-    t0 = time.perf_counter()
-    b = F.FSDPBinding.shard(model, pg)
-    out["shard_s"] = time.perf_counter() - t0
-    opt = torch.optim.Adam(model.parameters(), lr=W.LR)
-    t0 = time.perf_counter()
-    _loss(model).backward()
-    b.clip(W.CLIP)
-    opt.step()
-    out["first_step_s"] = time.perf_counter() - t0
     return out
 
 
