@@ -96,6 +96,8 @@ class Plan:
     b5_steady_s: float = 3.0
     b5_sim_reps: int = 2
     fsdp_warmup_reps: int = 5  # fresh processes of each kind (bench/fsdp_warmup.py; --only fsdp_warmup)
+    copy_cost_sizes: Tuple[str, ...] = ("10M", "100M")  # a shard copy's CPU vs its floor, fresh vs reused landing (bench/copy_cost.py)
+    copy_cost_reps: int = 7
     notes: Dict[str, str] = field(default_factory=dict)
 
 
@@ -109,6 +111,7 @@ QUICK = Plan(
     b6_size="tiny", b6_interval_s=4.0, b6_failures=1,
     b7_ranks=(300,), b7_steady_s=3.0,
     fsdp_warmup_reps=1,
+    copy_cost_sizes=("1M",), copy_cost_reps=2,
     b5_ranks=(32, 128), b5_controls=("node",), b5_steady_s=1.0, b5_sim_reps=1,
 )
 

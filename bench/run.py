@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # python bench/run.py
 
 from ckptless_hpc.tools import sim  # noqa: E402
 
-from . import b5 as b5lib, b7 as b7lib, b8 as b8lib, b9 as b9lib, ckpt_restart, figures, fsdp_warmup as fsdp_warmup_lib, report, slurm_path, torchft_bench, transfer  # noqa: E402
+from . import b5 as b5lib, b7 as b7lib, b8 as b8lib, b9 as b9lib, ckpt_restart, copy_cost as copy_cost_lib, figures, fsdp_warmup as fsdp_warmup_lib, report, slurm_path, torchft_bench, transfer  # noqa: E402
 from .common import REPO, SIZES, BenchError, JobRun, cpu_per_step, lm_params, machine_info, median, run_ckptless, spread, task_overrides, torchft_version, verdict  # noqa: E402
 from .plan import PLANS, Plan  # noqa: E402
 
@@ -439,6 +439,14 @@ class Bench:
         log(b9lib.table(res))
         return res
 
+    def copy_cost(self) -> Dict[str, Any]:
+        """A shard copy's CPU against its floor, a holder landing it in fresh memory vs in the dropped copy's buffers (bench/copy_cost.py)."""
+        sizes = {s: lm_params(s) if s in SIZES else int(float(s[:-1]) * 1e6) for s in self.plan.copy_cost_sizes}
+        log(f"copy cost: {', '.join(f'{k} ({v / 1e6:.1f} M params)' for k, v in sizes.items())}, {self.plan.copy_cost_reps} copies of each landing, alternated")
+        res = copy_cost_lib.measure(sizes, self.plan.copy_cost_reps)
+        log(copy_cost_lib.table(res))
+        return res
+
     def fsdp_warmup(self) -> Dict[str, Any]:
         """A hot spare's FSDP2 warm-up: the first ``fully_shard`` of a fresh process with and without it (bench/fsdp_warmup.py)."""
         reps = self.plan.fsdp_warmup_reps
@@ -519,6 +527,7 @@ def headline(res: Dict[str, Any]) -> Dict[str, Optional[float]]:
         **b8lib.headline(res.get("b8")),
         **b9lib.headline(res.get("b9")),
         **slurm_headline(res.get("b1_slurm")),
+        **copy_cost_lib.headline(res.get("copy_cost")),
     }
 
 
@@ -545,7 +554,7 @@ def _clean(x: Any) -> Any:
     return x
 
 
-SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7", "b8", "b9", "b1_slurm")
+SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7", "b8", "b9", "b1_slurm", "copy_cost")
 
 
 def _write(res: Dict[str, Any], results: Path) -> None:
@@ -568,7 +577,7 @@ def _resim(results: Path, plan: Plan) -> int:
     return 0
 
 
-INDEPENDENT = ("b3", "b4", "b5", "b7", "b8", "b9", "b1_slurm", "gloo_lazy", "fsdp_warmup")  # sections that use no other section's results
+INDEPENDENT = ("b3", "b4", "b5", "b7", "b8", "b9", "b1_slurm", "gloo_lazy", "fsdp_warmup", "copy_cost")  # sections that use no other section's results
 
 
 def _only(names: List[str], plan: Plan, results: Path, add_to_latest: bool = False) -> int:
@@ -673,6 +682,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "b8": b.b8,
         "b9": b.b9,
         "b1_slurm": b.b1_slurm,
+        "copy_cost": b.copy_cost,
     }
     failed = []
     for name in SECTIONS:
