@@ -30,7 +30,8 @@ class ShardCopies:
     def __init__(self, cfg: Any, secret: str, client: Sender, wake: threading.Event) -> None:
         self.mode = str(cfg.parallel.mode)
         self.every = int(cfg.replication.every)
-        self.copies = sends_copies(self.mode, Shape.of(cfg).world, group_size(cfg.parallel)) and int(cfg.replication.factor) > 0
+        one_replica = self.mode in ("tp", "pp") and sends_copies(self.mode, Shape.of(cfg).world, group_size(cfg.parallel))
+        self.copies = (sends_copies(self.mode, 0, None) or one_replica) and int(cfg.replication.factor) > 0
         self.client = client
         self.store = ShardStore()
         self.replicator = Replicator(secret, float(cfg.cluster.recovery_timeout_s), on_error=self._error, on_change=wake.set)
