@@ -1,0 +1,78 @@
+"""The tensor- and pipeline-parallel bench section (bench/parallel_bench.py, issue 31's "Measured") runs and writes every field.
+
+``python -m bench.parallel_bench --quick`` into a temporary folder: one back-to-back pair per
+layout (TP=2 x 2 replicas, PP=2 x 2 replicas under ckptless_hpc, then in plain torch), then a
+killed rank under tp, pp and ddp. Benchmarks are not timed tests: no duration or ratio is
+asserted, only that the JSON holds each figure, that every faulted run ended bitwise equal to
+its fault-free run (the oracle), and that the plain baseline trains what ckptless_hpc trains
+(the last step's loss over the global batch agrees).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import parallel_bench
+
+REPO = Path(__file__).resolve().parents[2]
+VERDICTS = ("yes", "NO", "unresolved at this load")
+LAYOUT_KEYS = (
+    "ckptless_step_s", "plain_step_s", "overhead_pct", "pair_overheads_pct", "verdict", "ckptless_in_step_s", "plain_in_step_s",
+    "cpu_overhead_pct", "pair_cpu_overheads_pct", "final_loss_abs_diff_max", "pairs",
+)  # fmt: skip
+PAIR_KEYS = ("ckptless_step_s", "plain_step_s", "ratio", "cpu_ratio", "ckptless_cpu_s_per_step", "plain_cpu_s_per_step", "ckptless_final_loss", "plain_final_loss")
+RECOVERY_KEYS = ("downtime_s", "detect_s", "reconfigure_s", "transfer_s", "resume_s", "bytes_transferred", "oracle", "final_state_sha256", "fault_free_sha256", "step_s")
+
+
+def test_headline_of_a_missing_section_is_all_none():
+    h = parallel_bench.headline(None)
+    assert h and all(v is None for v in h.values()), h
+    assert parallel_bench.headline({"status": "error: x"}) == h
+
+
+def test_the_runs_differ_from_their_fault_free_run_by_the_fault_alone():
+    plan = parallel_bench.PLANS["quick"]
+    for mode in parallel_bench.RECOVERY_MODES:
+        clean, faulted = parallel_bench.overrides(plan, mode), parallel_bench.overrides(plan, mode, fault=True)
+        assert faulted[: len(clean)] == clean and faulted[len(clean) :] == ["fault=kill_worker", "fault.rank=3", f"fault.step={plan.fault_step}"], faulted
+        assert "cluster.workers_per_node=2" in clean and f"train.steps={plan.steps}" in clean, clean
+    assert plan.fault_step < plan.steps and plan.skip_steps + 2 < plan.steps, plan
+    assert "train.grad_accum=4" in parallel_bench.overrides(plan, "pp") and "cluster.params_first=false" in parallel_bench.overrides(plan, "ddp_whole")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_quick_section_writes_every_field(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "bench.parallel_bench", "--quick", "--results", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=880)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    res = json.loads((tmp_path / "quick-parallel.json").read_text())
+    for key in ("mode", "command", "date", "headline", "elapsed_s"):
+        assert res[key], key
+    m = res["machine"]
+    assert m["core_commit"] and len(m["loadavg_at_start"]) == 3 and len(m["loadavg_at_end"]) == 3, m
+    sec = res["parallel"]
+    for mode in ("tp", "pp"):
+        s = sec[mode]
+        assert set(LAYOUT_KEYS) <= set(s), (mode, sorted(s))
+        assert s["verdict"] in VERDICTS and len(s["pairs"]) == sec["pairs"] == len(s["pair_overheads_pct"]), s
+        for pair in s["pairs"]:
+            assert set(PAIR_KEYS) <= set(pair), sorted(pair)
+            assert pair["ckptless_step_s"] > 0 and pair["plain_step_s"] > 0, pair
+        # the same training: ckptless_hpc's summary and the plain run agree on the last step's global loss
+        assert s["final_loss_abs_diff_max"] is not None and s["final_loss_abs_diff_max"] < 1e-4, s
+    for mode in parallel_bench.RECOVERY_MODES:
+        r = sec["recovery"][mode]
+        assert set(RECOVERY_KEYS) <= set(r), (mode, sorted(r))
+        assert r["oracle"] and r["final_state_sha256"] == r["fault_free_sha256"], (mode, r)  # bitwise equal to its fault-free run
+        assert r["bytes_transferred"] > 0 and r["downtime_s"] > 0 and r["failed_ranks"] == [3], (mode, r)
+    assert sec["oracle"] is True
+    # every headline figure is there and finite
+    assert set(res["headline"]) == set(parallel_bench.headline(None)), res["headline"]
+    assert all(v is not None and math.isfinite(v) for v in res["headline"].values()), res["headline"]
+    assert "TP=2 x 2 replicas" in p.stdout and "bitwise" in p.stdout, p.stdout
