@@ -7,6 +7,8 @@ happened.
 
 from __future__ import annotations
 
+import math
+
 import json
 import os
 import platform
@@ -192,8 +194,7 @@ class JobRun:
         return [e["step_s"] for e in self.of("step") if e.get("step", 0) > skip and e.get("step_s") is not None]
 
 
-def run_ckptless(run_dir: Path, overrides: Sequence[str], timeout_s: float = 600, expect_rc: int = 0, sample_cpu: bool = False,
-                 env: Optional[Dict[str, str]] = None) -> JobRun:
+def run_ckptless(run_dir: Path, overrides: Sequence[str], timeout_s: float = 600, expect_rc: int = 0, sample_cpu: bool = False, env: Optional[Dict[str, str]] = None) -> JobRun:
     """Run ``python -m ckptless_hpc`` as a user would; its output goes to run_dir/stdout.log.
     ``env``: laid over this process's environment for the job (the coordinator and its workers)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -257,8 +258,10 @@ def machine_info() -> Dict[str, Any]:
         except (OSError, subprocess.TimeoutExpired):
             commit = None
     if not commit:
-        print(f"bench: the core's commit is unknown ({REPO} is not a git checkout): the results will not name it. "
-              "HINT: BENCH_CORE_COMMIT=<commit> python -m bench ...", file=sys.stderr)
+        print(
+            f"bench: the core's commit is unknown ({REPO} is not a git checkout): the results will not name it. HINT: BENCH_CORE_COMMIT=<commit> python -m bench ...",
+            file=sys.stderr,
+        )
     import ckptless_hpc
 
     return {
@@ -301,3 +304,11 @@ def kill_all(procs: Iterable[subprocess.Popen]) -> None:
 def ms_or_na(seconds: Optional[float], digits: int) -> str:
     """Seconds as milliseconds, or n/a where there is no figure (a run too short to sample its CPU)."""
     return "n/a" if seconds is None else f"{1e3 * seconds:.{digits}f}"
+
+
+def finite(x: Any) -> Optional[float]:
+    """A JSON-safe number: NaN and infinities become None (null)."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None

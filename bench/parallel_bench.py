@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -41,7 +40,7 @@ if __package__ in (None, ""):  # python bench/parallel_bench.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "bench"
 
-from .common import REPO, BenchError, CpuSampler, JobRun, cpu_per_step, free_port_store, kill_all, machine_info, median, read_jsonl, run_ckptless, spread, verdict  # noqa: E402
+from .common import REPO, BenchError, CpuSampler, JobRun, cpu_per_step, finite, free_port_store, kill_all, machine_info, median, read_jsonl, run_ckptless, spread, verdict  # noqa: E402
 
 TARGET_PCT = 2.0  # issue 31: the step's overhead over plain torch
 TASK = "examples.llama.LlamaParallelTask"
@@ -81,12 +80,7 @@ def log(msg: str) -> None:
     print(f"[parallel {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _f(x: Any) -> Optional[float]:
-    """A JSON-safe number: NaN and infinities become None."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
+_f = finite
 
 
 def _env() -> Dict[str, str]:

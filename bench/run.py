@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
 import os
 import shutil
 import sys
@@ -31,7 +30,7 @@ if __package__ in (None, ""):  # python bench/run.py
 from ckptless_hpc.tools import sim  # noqa: E402
 
 from . import b5 as b5lib, b7 as b7lib, b8 as b8lib, b9 as b9lib, ckpt_restart, copy_cost as copy_cost_lib, figures, fsdp_warmup as fsdp_warmup_lib, report, slurm_path, torchft_bench, transfer  # noqa: E402
-from .common import REPO, SIZES, BenchError, JobRun, cpu_per_step, lm_params, machine_info, median, run_ckptless, spread, task_overrides, torchft_version, verdict  # noqa: E402
+from .common import REPO, SIZES, BenchError, JobRun, cpu_per_step, finite, lm_params, machine_info, median, run_ckptless, spread, task_overrides, torchft_version, verdict  # noqa: E402
 from .plan import PLANS, Plan  # noqa: E402
 
 DEFAULT_RESULTS = REPO / "bench" / "results"
@@ -47,12 +46,7 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def _f(x: Any) -> Optional[float]:
-    """A JSON-safe number: NaN and infinities become null."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
+_f = finite
 
 
 class Bench:

@@ -9,7 +9,8 @@ destroyed); a collective that fails inside the step raises ``StepFailed``.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -27,6 +28,17 @@ def is_comm_error(e: BaseException) -> bool:
         return True
     text = str(e)
     return isinstance(e, RuntimeError) and any(s in text for s in ("gloo", "Gloo", "Connection closed", "Connection reset", "NCCL", "no group"))
+
+
+@contextmanager
+def collectives(what: str) -> Iterator[None]:
+    """A failed collective inside the block (a dead peer, a released group) raised as ``StepFailed``."""
+    try:
+        yield
+    except Exception as err:
+        if is_comm_error(err):
+            raise StepFailed(f"{what}: {err}") from None
+        raise
 
 
 class LocalState(OneOptimizer):
@@ -103,6 +115,16 @@ class LocalState(OneOptimizer):
                 torch.distributed.all_reduce(g, group=group)
                 g.div_(n)
 
+    def reduce_and_norm(self, comm: Any, wait: Callable[[List[Any]], None], broadcasts: List[Any]) -> torch.Tensor:
+        """After the last backward (tp, pp): the gradients made the global mean over the replicas
+        (``self.rep_group``), the loss's all-reduce and the buffers' broadcast waited on, then the
+        norm (``self._collective_norm``, a collective: inside the step, which it can fail)."""
+        e = self.e
+        self.mean_over_replicas(self.rep_group, (e.world // self.same_batch) * e.micro_batches)  # type: ignore[attr-defined]
+        wait([comm.allreduce(e.reduction())] + broadcasts)
+        self._norm = self._collective_norm()  # type: ignore[attr-defined]
+        return self._norm
+
     def clip(self, max_norm: float, norm: torch.Tensor) -> None:
         """Every local gradient scaled so that the global norm is at most ``max_norm`` (torch's formula)."""
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
@@ -119,12 +141,8 @@ class LocalState(OneOptimizer):
     def evaluate(self, batch: Any) -> Any:
         """The task's evaluate on a model whose forward runs collectives: a failed one raises as
         in a step (``StepFailed``)."""
-        try:
+        with collectives("evaluation"):
             return self.e.task.evaluate(self.e.run_model, batch)
-        except Exception as err:
-            if is_comm_error(err):
-                raise StepFailed(f"evaluation: {err}") from None
-            raise
 
     # ------------------------------------------------------------------ state
     def collect(self, step: int, extra: Dict[str, Any], shard: Optional[int] = None) -> Tuple[Entries, Dict[str, Any]]:

@@ -50,7 +50,7 @@ import torch.distributed as dist
 from . import fsdp
 from ..tasks.base import mix_seed
 from .data import forward_seed
-from .grouped import LocalState, StepFailed, is_comm_error
+from .grouped import LocalState, collectives
 from .replicated import BufferSync
 
 SCHEDULES = ("gpipe", "1f1b")  # parallel.pp_schedule
@@ -195,7 +195,7 @@ class PPStrategy(LocalState):
         e.optimizer.zero_grad(set_to_none=True)
         self._step = step
         first, last = self.stage_index == 0, self.stage_index == self.pp - 1
-        try:
+        with collectives(f"step {step}"):
             x, y = self._inputs(step)
             losses: List[torch.Tensor] = []
             args = (x,) if first else ()
@@ -208,14 +208,7 @@ class PPStrategy(LocalState):
                 e.add_loss(loss.detach().to(torch.float64) * self.pp)
             broadcasts = e.buffers.launch(self.rep_comm) if e.buffers else []
             on_backward()
-            self.mean_over_replicas(self.rep_group, (e.world // self.pp) * e.micro_batches)
-            wait([comm.allreduce(e.reduction())] + broadcasts)
-            self._norm = self._collective_norm()
-        except Exception as err:
-            if is_comm_error(err):
-                raise StepFailed(f"step {step}: {err}") from None
-            raise
-        return self._norm
+            return self.reduce_and_norm(comm, wait, broadcasts)
 
     def _collective_norm(self) -> torch.Tensor:
         """The global L2 norm: each stage's squares, summed over the pipeline (the stages hold

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from . import fsdp
 from . import torch_private as P
-from .grouped import LocalState, StepFailed, is_comm_error
+from .grouped import LocalState, collectives
 
 
 def _shard_dim(t: torch.Tensor) -> Optional[int]:
@@ -129,7 +129,7 @@ class TPStrategy(LocalState):
         e = self.e
         e.optimizer.zero_grad(set_to_none=True)
         broadcasts: List[Any] = []
-        try:
+        with collectives(f"step {step}"):
             for micro in range(e.micro_batches):
                 batch = e.feed.get(step, micro)
                 e.seed(step, comm.rank, micro)
@@ -140,14 +140,7 @@ class TPStrategy(LocalState):
                 e.add_loss(loss)
                 loss.backward()
             on_backward()
-            self.mean_over_replicas(self.rep_group, (e.world // self.tp) * e.micro_batches)
-            wait([comm.allreduce(e.reduction())] + broadcasts)
-            self._norm = self._collective_norm()
-        except Exception as err:
-            if is_comm_error(err):
-                raise StepFailed(f"step {step}: {err}") from None
-            raise
-        return self._norm
+            return self.reduce_and_norm(comm, wait, broadcasts)
 
     def _collective_norm(self) -> torch.Tensor:
         """The global L2 norm: the sharded gradients' local squares summed over the TP group,
