@@ -477,7 +477,7 @@ class ParallelConfig:
     tp: Optional[int] = None
     """tp: ranks per tensor-parallel group, one replica of the model (world must be a multiple; the task gives the plan: Task.tp_plan)."""
     pp: Optional[int] = None
-    """pp: stages per pipeline, one replica of the model on pp ranks (world must be a multiple; the task gives the stages: Task.pp_stage, pp_split, pp_loss)."""
+    """pp: stages per pipeline, one replica of the model on pp ranks (world must be a multiple; the task gives the stages: Task.pp_stage, pp_split, pp_loss; with train.eval_every, pp_evaluate)."""
     pp_schedule: str = "gpipe"
     """pp: torch.distributed.pipelining's schedule, gpipe | 1f1b (needs train.grad_accum >= parallel.pp); the micro-batches are train.grad_accum's."""
     param_dtype: Optional[str] = None
@@ -576,7 +576,7 @@ class ParallelConfig:
     def check_pp(p: Any, t: Any, r: Any, need: Need, shape: Shape, probes: "Probes") -> None:
         """parallel=pp: a pipeline size dividing the world into replicas on different nodes (as
         hsdp's shard groups), a schedule torch has, enough micro-batches for 1F1B, and nothing
-        the pipeline does not carry (evaluation, torch.compile)."""
+        the pipeline does not carry (torch.compile)."""
         ParallelConfig.check_groups(p.get("pp"), r, need, shape, probes, field="parallel.pp", what="pp needs a pipeline size (stages per replica)")
         sched = p.get("pp_schedule", "gpipe")
         need(sched in PP_SCHEDULES, "parallel.pp_schedule", sched, "unknown pipeline schedule", f"use one of {', '.join(PP_SCHEDULES)}")
@@ -588,13 +588,6 @@ class ParallelConfig:
                 f"parallel.pp_schedule=1f1b needs at least as many micro-batches as stages (parallel.pp={p.pp})",
                 f"set train.grad_accum={p.pp} or more, or parallel.pp_schedule=gpipe",
             )
-        need(
-            not (_is_int(t.eval_every) and t.eval_every > 0),
-            "train.eval_every",
-            t.eval_every,
-            "parallel=pp does not evaluate yet (the pipeline's last stage would have to compute the task's metrics)",
-            "set train.eval_every=0, or evaluate the exported final/model.pt",
-        )
         need(
             not t.get("compile", False),
             "train.compile",

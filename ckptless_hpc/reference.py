@@ -20,7 +20,9 @@ is written here from the documented semantics (docs/tasks.md, "The step"):
 - buffers (BatchNorm statistics) as torch DDP keeps them: rank 0's, from its own micro-batches;
   the other ranks' forwards start from the step's buffers and leave nothing behind;
 - the task's ``on_step_end`` after each committed optimizer update; ``train.on_nonfinite=skip``
-  drops a step with a non-finite loss (or gradient norm, without fp16) and keeps its buffers.
+  drops a step with a non-finite loss (or gradient norm, without fp16) and keeps its buffers;
+- ``train(..., evals={})`` also evaluates where the job does (``train.eval_every``): the task's
+  ``evaluate`` on the ``train.eval_batches`` validation batches, each metric their mean.
 
 The sums run in another order than the job's (one ``.grad`` accumulates every micro-batch of
 every rank; the job reduces per rank, then over ranks), so equality is within a tolerance, not
@@ -41,6 +43,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 __all__ = [
     "train",
+    "evaluate",
     "differences",
     "max_differences",
     "warmup_cosine",
@@ -91,14 +94,47 @@ def _own_hook(task: Any) -> Any:
     return None if not callable(fn) or getattr(type(task), "on_step_end", None) is Task.on_step_end else fn
 
 
-def train(task: Any, cfg: Any) -> Any:
-    """The model after ``cfg.train.steps`` steps of the job ``cfg`` describes (a ``torch.nn.Module``).
+def evaluate(task: Any, model: Any, cfg: Any) -> Dict[str, float]:
+    """The job's evaluation of ``model`` in one process: the task's ``evaluate`` on validation
+    batches ``0 .. train.eval_batches - 1`` (drawn as the job's ranks draw them), under
+    ``no_grad`` and ``model.eval()``, each metric the mean over the batches in float64."""
+    import torch
+
+    from .config import data_world
+    from .train.evaluation import MetricSums, ValSource
+
+    t = cfg.train
+    val, world, batches, amp = ValSource(task, int(t.seed)), data_world(cfg), int(t.eval_batches), _amp_dtype(str(t.precision))
+    sums = MetricSums(f"{type(task).__name__}.evaluate")
+    model.eval()
+    try:
+        with torch.no_grad():
+            for index in range(batches):
+                batch = val.batch(index, index % world, world)  # the data rank that evaluates it in the job
+                with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+                    sums.add(task.evaluate(model, batch), torch.device("cpu"))
+    finally:
+        model.train()
+    return dict(zip(sums.names, (sums.sums / batches).tolist())) if sums.names and sums.sums is not None else {}
+
+
+def train(task: Any, cfg: Any, evals: Optional[Dict[int, Dict[str, float]]] = None, steps: Optional[Dict[int, Dict[str, float]]] = None) -> Any:
+    """The model after ``cfg.train.steps`` steps of the job ``cfg`` describes (a ``torch.nn.Module``);
+    with ``evals`` (a dict) and ``train.eval_every``, also :func:`evaluate` after each step the job
+    evaluates after, filled in as ``evals[committed steps] = {name: value}``; with ``steps`` (a
+    dict), each step's mean loss and the task's own metrics (``loss`` returning ``(loss, {...})``),
+    means over the global batch, as ``steps[committed steps] = {"loss": ..., name: ...}``.
 
     Raises :class:`TrainingError` where the job would have stopped: a non-finite step under
     ``train.on_nonfinite=stop``, or more skipped steps than ``train.max_skipped_fraction`` allows."""
     import torch
 
     from .train.data import StepBatches, forward_seed
+    from .train.evaluation import eval_due
+
+    def evaluated(step: int) -> None:  # after ``step`` committed steps, where the job evaluates
+        if evals is not None and eval_due(step, int(t.get("eval_every", 0) or 0), int(t.steps)):
+            evals[step] = evaluate(task, model, cfg)
 
     from .config import data_world
 
@@ -122,7 +158,7 @@ def train(task: Any, cfg: Any) -> Any:
         model.train()
         opt.zero_grad(set_to_none=False)
         start = [b.clone() for b in buffers]
-        loss_sum = 0.0
+        loss_sum, metric_sums = 0.0, {}
         for rank in [*range(1, world), 0]:  # rank 0 last: its statistics are what remains
             for b, s in zip(buffers, start):
                 b.copy_(s)
@@ -131,10 +167,15 @@ def train(task: Any, cfg: Any) -> Any:
                 forward_seed(int(t.seed), step, rank, micro)
                 with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
                     loss = task.loss(model, batch)
-                loss = loss[0] if isinstance(loss, tuple) else loss  # (loss, the task's own metrics)
+                if isinstance(loss, tuple):  # (loss, the task's own metrics)
+                    for name, v in loss[1].items():
+                        metric_sums[name] = metric_sums.get(name, 0.0) + float(v.detach().to(torch.float64) if torch.is_tensor(v) else v)
+                    loss = loss[0]
                 loss_sum += float(loss.detach().to(torch.float64))
                 (scaler.scale(loss) if scaler is not None else loss).backward()
         mean_loss = loss_sum / (world * k)
+        if steps is not None:
+            steps[step + 1] = {"loss": mean_loss, **{name: v / (world * k) for name, v in metric_sums.items()}}
         for p in params:
             p.grad.div_(world * k)
         if scaler is not None:
@@ -152,6 +193,7 @@ def train(task: Any, cfg: Any) -> Any:
                 b.copy_(s)
             if sched is not None and not plateau:
                 sched.step()  # the LR stays a function of the step index
+            evaluated(step + 1)
             continue
         if sched is None:
             for g in opt.param_groups:
@@ -171,6 +213,7 @@ def train(task: Any, cfg: Any) -> Any:
         if hook is not None and updated:
             with torch.no_grad():
                 hook(model, opt, step)
+        evaluated(step + 1)
     return model
 
 

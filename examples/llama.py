@@ -217,10 +217,13 @@ class LlamaTask(Task):
         """The validation loss and next-token accuracy."""
         device = next(model.parameters()).device
         batch = batch.to(device)
-        logits = model(batch[:, :-1])
-        target = batch[:, 1:].reshape(-1)
-        flat = logits.reshape(-1, logits.shape[-1])
-        return {"loss": F.cross_entropy(flat, target), "accuracy": (flat.argmax(-1) == target).float().mean()}
+        return next_token_metrics(model(batch[:, :-1]), batch[:, 1:])
+
+
+def next_token_metrics(logits: torch.Tensor, target: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """The loss and accuracy of ``logits`` predicting ``target`` (the next tokens)."""
+    flat, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
+    return {"loss": F.cross_entropy(flat, target), "accuracy": (flat.argmax(-1) == target).float().mean()}
 
 
 class LlamaTPTask(LlamaTask):
@@ -285,6 +288,11 @@ class LlamaPPTask(LlamaTask):
     def pp_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """:meth:`loss` on the last stage's output: ``loss(model, batch) == pp_loss(model(x), y)``."""
         return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+    def pp_evaluate(self, output: torch.Tensor, target: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """:meth:`evaluate` on the last stage's output (train.eval_every under parallel=pp):
+        ``evaluate(model, batch) == pp_evaluate(model(x), y)``."""
+        return next_token_metrics(output, target)
 
 
 class LlamaParallelTask(LlamaPPTask):

@@ -33,6 +33,20 @@ stage as the engine seeds a rank's forward (the one-process reference's dropout 
 later stage with a seed of its own (a pipeline cannot continue the first stage's random stream;
 with dropout after the first stage the masks differ from the reference's, not their law).
 
+Evaluation (``train.eval_every``): the validation batch goes through the pipeline forward only
+(a second stage and schedule around the same module, one micro-batch: the whole batch, as the
+task's ``evaluate`` sees it; rebuilt at each generation and when the batch's shape changes, which
+every rank of the pipeline sees, since they all draw the same batch), and the last stage computes
+the task's metrics on its output with ``Task.pp_evaluate(output, target)``
+(``evaluate(model, batch) == pp_evaluate(model(inputs), target)``), broadcast to the pipeline's
+other ranks: every rank returns the same values, as the ranks of a TP group do, and the engine's
+all-reduce makes them the mean over the batches (:meth:`..engine.Engine.evaluate`).
+
+The task's own metrics of a step: ``pp_loss`` may return ``(loss, {"name": ...})`` as ``loss``
+does; the last stage adds each micro-batch's metrics ``P`` times, as its loss, and the other
+stages add zeros under the same names, learnt from the last stage at each generation's first
+step (a spare has never seen them).
+
 State: this rank's stage, whole (:func:`.fsdp.own_entries` of the stage's module: its
 parameters, buffers and optimizer state, under the whole model's names); the stages' names are
 disjoint, so the export's union of the shards (:func:`ckptless_hpc.state.export.job_view`) is
@@ -42,7 +56,7 @@ replica: no copy is ever sent (as hsdp and tp).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -50,6 +64,7 @@ import torch.distributed as dist
 from . import fsdp
 from ..tasks.base import mix_seed
 from .data import forward_seed
+from .evaluation import split_loss
 from .grouped import LocalState, collectives
 from .replicated import BufferSync
 
@@ -124,6 +139,17 @@ class PPStrategy(LocalState):
         self.rep_comm: Any = None
         self.schedule: Any = None
         self._step = 0
+        self._micro_metrics: List[Optional[Mapping[str, Any]]] = []  # the last stage's: each micro-batch's metrics (pp_loss)
+        self._names_shared = False  # the task's metric names sent down the pipeline in this generation
+        self.eval_schedule: Any = None  # forward only, built at the generation's first evaluation
+        self._eval_key: Any = None  # the shape and dtype of the batch it was built for
+        if int(engine.cfg.train.get("eval_every", 0) or 0) > 0 and not callable(getattr(engine.task, "pp_evaluate", None)):
+            raise ValueError(
+                f"train.eval_every is set with parallel=pp, but {type(engine.task).__name__} has no pp_evaluate(output, target): the pipeline's "
+                "last stage computes the task's metrics on its output. HINT: add pp_evaluate(output, target) -> {\"name\": scalar} "
+                "(evaluate(model, batch) == pp_evaluate(model(inputs), target) with (inputs, target) = pp_split(batch); examples/llama.py's "
+                "LlamaPPTask has one), or set train.eval_every=0"
+            )
 
     @property
     def ready(self) -> bool:
@@ -138,7 +164,7 @@ class PPStrategy(LocalState):
     def let_go(self, comm: Any) -> bool:
         """The generation's groups are destroyed at once, in a thread (a peer blocked in one that
         did not fail here is released only then), after the stage and schedule let go of them."""
-        self.schedule = None
+        self.schedule = self.eval_schedule = None
         self.pp_group = self.rep_group = self.rep_comm = None
         return self.release_groups(comm, [])
 
@@ -162,9 +188,20 @@ class PPStrategy(LocalState):
         data_rank = comm.rank // self.pp
         stage.seed = lambda micro: self._seed(data_rank, micro)
         kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule_name]
-        task = e.task
         # scale_grads=False: the gradients stay sums over the micro-batches, made the global mean below
-        self.schedule = kind(stage, n_microbatches=e.micro_batches, loss_fn=lambda out, target: _loss(task, out, target), scale_grads=False)
+        self.schedule = kind(stage, n_microbatches=e.micro_batches, loss_fn=self._loss, scale_grads=False)
+        self.eval_schedule = self._eval_key = None
+        self._names_shared = False
+
+    def _loss(self, output: Any, target: Any) -> torch.Tensor:
+        """The schedule's loss of one micro-batch (the last stage): the task's ``pp_loss``, its
+        metrics, if it returns ``(loss, {...})``, kept for the step's sums."""
+        task = self.e.task
+        loss, metrics = split_loss(task.pp_loss(output, target), task)
+        if not torch.is_tensor(loss):
+            raise ValueError(f"{type(task).__name__}.pp_loss returned a {type(loss).__name__} as its loss, not a tensor. HINT: return the loss tensor, or (loss, {{\"name\": ...}})")
+        self._micro_metrics.append(metrics)
+        return loss
 
     def _seed(self, data_rank: int, micro: int) -> None:
         seed = int(self.e.cfg.train.seed)
@@ -195,6 +232,7 @@ class PPStrategy(LocalState):
         e.optimizer.zero_grad(set_to_none=True)
         self._step = step
         first, last = self.stage_index == 0, self.stage_index == self.pp - 1
+        self._micro_metrics = []
         with collectives(f"step {step}"):
             x, y = self._inputs(step)
             losses: List[torch.Tensor] = []
@@ -206,9 +244,26 @@ class PPStrategy(LocalState):
                     self.schedule.step(*args, return_outputs=False)
             for loss in losses:  # counted once per rank of the pipeline: the engine divides by world x micro-batches
                 e.add_loss(loss.detach().to(torch.float64) * self.pp)
+            self._add_metrics(last)
             broadcasts = e.buffers.launch(self.rep_comm) if e.buffers else []
             on_backward()
             return self.reduce_and_norm(comm, wait, broadcasts)
+
+    def _add_metrics(self, last: bool) -> None:
+        """The task's metrics of the step into the engine's sums: the last stage's, each counted
+        once per rank of the pipeline (as its loss); zeros under the same names on the other
+        stages, which learn the names from the last stage at the generation's first step."""
+        e = self.e
+        if last:  # the micro-batches' (torch's shape inference, at a generation's first step, calls the loss once before them)
+            for metrics in self._micro_metrics[-e.micro_batches :]:
+                if metrics is not None or e.metrics.names is not None:
+                    e.metrics.add(metrics or {}, e.device, weight=float(self.pp))
+        if not self._names_shared:
+            names = [e.metrics.names if last else None]
+            dist.broadcast_object_list(names, group=self.pp_group, group_src=self.pp - 1, device=e.device)
+            self._names_shared = True
+            if not last and names[0] and e.metrics.names is None:
+                e.metrics.add({n: 0.0 for n in names[0]}, e.device, weight=0.0)  # the sums stay zeros: the names and the vector's length
 
     def _collective_norm(self) -> torch.Tensor:
         """The global L2 norm: each stage's squares, summed over the pipeline (the stages hold
@@ -220,14 +275,36 @@ class PPStrategy(LocalState):
         dist.all_reduce(sq, group=self.pp_group)
         return sq.sqrt()
 
-    def evaluate(self, batch: Any) -> Any:
-        raise ValueError("parallel=pp does not evaluate (train.eval_every). HINT: set train.eval_every=0")  # refused by the config's checks
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self, batch: Any) -> Dict[str, Any]:
+        """The task's metrics of one validation batch: the batch forward only through the
+        pipeline, ``Task.pp_evaluate`` on the last stage's output, broadcast to the pipeline (every
+        rank returns the same values). A failed collective raises as in a step (``StepFailed``)."""
+        e = self.e
+        x, y = e.task.pp_split(batch)
+        first, last = self.stage_index == 0, self.stage_index == self.pp - 1
+        with collectives("evaluation"):
+            schedule = self._eval_schedule(x)
+            out = schedule.step(x.to(e.device)) if first else schedule.step()
+            values = [_eval_metrics(e.task, out, y.to(e.device)) if last else None]
+            dist.broadcast_object_list(values, group=self.pp_group, group_src=self.pp - 1, device=e.device)
+        return values[0]
+
+    def _eval_schedule(self, x: torch.Tensor) -> Any:
+        """The generation's forward-only schedule over one micro-batch, for batches shaped as ``x``
+        (every rank of the pipeline draws the same batch: they rebuild it together)."""
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+        key = (tuple(x.shape), x.dtype)
+        if self.eval_schedule is None or key != self._eval_key:
+            stage = PipelineStage(self.module, self.stage_index, self.pp, self.e.device, group=self.pp_group)
+            self.eval_schedule, self._eval_key = ScheduleGPipe(stage, n_microbatches=1), key  # no loss_fn: forward only
+        return self.eval_schedule
 
 
-def _loss(task: Any, output: Any, target: Any) -> torch.Tensor:
-    """The task's loss of one micro-batch on the last stage's output (a tensor: the task's own
-    metrics cannot ride the pipeline)."""
-    loss = task.pp_loss(output, target)
-    if not torch.is_tensor(loss):
-        raise ValueError(f"{type(task).__name__}.pp_loss returned a {type(loss).__name__}, not a tensor. HINT: return the loss alone under parallel=pp")
-    return loss
+def _eval_metrics(task: Any, output: Any, target: Any) -> Dict[str, Any]:
+    """The task's ``pp_evaluate`` on the last stage's output, as plain CPU values to broadcast."""
+    metrics = task.pp_evaluate(output, target)
+    if not isinstance(metrics, Mapping):
+        raise ValueError(f'{type(task).__name__}.pp_evaluate returned a {type(metrics).__name__}, not a dict. HINT: return {{"name": scalar tensor or float, ...}}')
+    return {str(k): v.detach().cpu() if torch.is_tensor(v) else v for k, v in metrics.items()}

@@ -41,7 +41,6 @@ def cfg(*overrides: str):
         (("parallel.pp=2", "cluster.nodes=1", "cluster.workers_per_node=4"), "parallel.pp=2: every replica of some shard lives on one node"),
         (("parallel.pp_schedule=interleaved_1f1b",), "parallel.pp_schedule='interleaved_1f1b': unknown pipeline schedule"),
         (("parallel.pp_schedule=1f1b", "train.grad_accum=1"), "train.grad_accum=1: parallel.pp_schedule=1f1b needs at least as many micro-batches as stages (parallel.pp=2)"),
-        (("train.eval_every=5",), "train.eval_every=5: parallel=pp does not evaluate yet"),
         (("train.compile=true",), "train.compile=True: parallel=pp runs the stages' own modules"),
         (("cluster.nodes=3", "cluster.min_nodes=2"), "parallel.mode=pp cannot shrink yet"),
         (("parallel.param_dtype=bf16",), "FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not pp"),
@@ -56,6 +55,7 @@ def test_the_layout_replicas_hold_the_same_stage_and_one_data_rank_per_pipeline(
     c = cfg(*PP, "parallel.pp=2", "cluster.nodes=3")
     assert validation_errors(c, PROBES) == []
     assert validation_errors(cfg(*PP, "parallel.pp_schedule=1f1b", "train.grad_accum=2"), PROBES) == []
+    assert validation_errors(cfg(*PP, "parallel.pp=2", "train.eval_every=5"), PROBES) == []  # the last stage evaluates (pp_evaluate)
     lay = Layout(c)
     assert lay.shard_of == {0: 0, 1: 1, 2: 0, 3: 1, 4: 0, 5: 1} and lay.shards == 2 and lay.factor == 0
     assert lay.survives() == 2 and "pipelines of 2 stages, 3 replicas of each stage's shard" in lay.describe()
@@ -92,6 +92,8 @@ def test_the_stages_hold_the_models_own_parameters_once_and_compose_to_the_model
         h = st(h)
     assert torch.equal(h, full(x))
     assert torch.equal(task.pp_loss(h, y), task.loss(full, batch))
+    got, want = task.pp_evaluate(h, y), task.evaluate(full, batch)  # the last stage's evaluation is the task's
+    assert got.keys() == want.keys() == {"loss", "accuracy"} and all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_a_task_without_stages_or_with_wrong_ones_is_refused_with_a_hint():
@@ -115,6 +117,13 @@ def test_a_task_without_stages_or_with_wrong_ones_is_refused_with_a_hint():
         stage_of(Tied(), Tied().build_model(), 0, 2)
     with pytest.raises(ValueError, match=r"pp_stage\(1, 3\) has no parameters.*HINT"):
         stage_of(LlamaPPTask(n_layers=1), LlamaPPTask(n_layers=1).build_model(), 1, 3)
+
+
+def test_evaluation_without_pp_evaluate_is_refused_with_a_hint():
+    conf = OmegaConf.create({"parallel": {"mode": "pp", "pp": 2, "pp_schedule": "gpipe"}, "train": {"seed": 7, "eval_every": 4}})
+    with pytest.raises(ValueError, match=r"train.eval_every is set with parallel=pp, but LlamaTask has no pp_evaluate\(output, target\).*HINT"):
+        PPStrategy(SimpleNamespace(cfg=conf, model=None, optimizer=None, task=LlamaTask()))
+    assert PPStrategy(SimpleNamespace(cfg=conf, model=None, optimizer=None, task=LlamaPPTask())).eval_schedule is None
 
 
 def _strategy(module, optimizer, task, stage: int, pp: int = 2) -> PPStrategy:
