@@ -94,6 +94,7 @@ def rows(res: Dict[str, Any]) -> List[List[str]]:
     out += b7_rows(res.get("b7"))
     out += b8_rows(res.get("b8"))
     out += b9_rows(res.get("b9"))
+    out += parallel_rows(res.get("parallel"))
     return out
 
 
@@ -199,6 +200,32 @@ def b9_rows(b9: Optional[Dict[str, Any]]) -> List[List[str]]:
             f"{q['bytes_transferred'] / 1e6:.1f} MB to the refill); degraded {g['degraded_s']:.1f} s; oracle {'held' if g['oracle'] else 'BROKEN'}",
             "-", "-",
         ])
+    return out
+
+
+def parallel_rows(par: Optional[Dict[str, Any]]) -> List[List[str]]:
+    """Tensor and pipeline parallel (bench/parallel_bench.py): each layout's step against plain torch, then a lost rank's recovery."""
+    if not par:
+        return []
+    if "tp" not in par or "recovery" not in par:
+        return [["TP / PP vs plain torch (issue 31)", par.get("status", "skipped"), "<=2%", "n/a"]]
+    out = []
+    for mode, name in (("tp", "TP=2"), ("pp", f"PP=2 ({par['pp_schedule']}, {par['pp_micro_batches']} micro-batches)")):
+        s = par[mode]
+        ratios = [1.0 + x / 100.0 for x in s["pair_overheads_pct"]]
+        out.append([
+            f"{name} x 2 replicas vs plain torch, {par['params'] / 1e6:.2f} M",
+            f"ckptless {1e3 * s['ckptless_step_s']:.1f} ms/step vs plain {1e3 * s['plain_step_s']:.1f} ms/step: {_pp(s['overhead_pct'])} "
+            f"(median of {len(ratios)} back-to-back pairs{_pairs(ratios)}); CPU s/step of the ranks {_pp(s.get('cpu_overhead_pct'))}",
+            f"<={par['target_pct']:.0f}%", s["verdict"],
+        ])
+    r = par["recovery"]
+    out.append([
+        "TP / PP lost rank vs ddp promotion",
+        f"downtime TP {_s(r['tp']['downtime_s'])}, PP {_s(r['pp']['downtime_s'])} vs ddp {_s(r['ddp']['downtime_s'])} (whole state first {_s(r['ddp_whole']['downtime_s'])}); "
+        f"moved TP {r['tp']['bytes_ratio_vs_ddp']:.2f}x, PP {r['pp']['bytes_ratio_vs_ddp']:.2f}x ddp's whole state; oracle {'held' if par['oracle'] else 'BROKEN'}",
+        "only the lost coordinate's shard", "-",
+    ])
     return out
 
 

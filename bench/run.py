@@ -6,7 +6,9 @@ B4 peer state transfer vs raw loopback TCP; B5 downtime at 2, 4, 8 workers; B6 g
 failures every ``interval`` seconds, locally for both systems and extrapolated to 1k-100k GPUs
 by ``ckptless_hpc.tools.sim``; B7 the coordinator under simulated ranks; B8 sharded state;
 B9 elastic (the fixed-order reduction's overhead, a shrunk job's step, a shrink's downtime vs a
-spare's promotion). Prints a table; writes ``DIR/latest.json`` and ``DIR/latest.png``.
+spare's promotion); parallel: tensor and pipeline parallel against plain torch, and a lost TP/PP
+rank's downtime and bytes (bench/parallel_bench.py; not in ``--quick``). Prints a table; writes
+``DIR/latest.json`` and ``DIR/latest.png``.
 Run directories of every job go to ``DIR/tmp`` (not committed).
 """
 
@@ -29,7 +31,8 @@ if __package__ in (None, ""):  # python bench/run.py
 
 from ckptless_hpc.tools import sim  # noqa: E402
 
-from . import b5 as b5lib, b7 as b7lib, b8 as b8lib, b9 as b9lib, ckpt_restart, copy_cost as copy_cost_lib, figures, fsdp_warmup as fsdp_warmup_lib, report, slurm_path, torchft_bench, transfer  # noqa: E402
+from . import b5 as b5lib, b7 as b7lib, b8 as b8lib, b9 as b9lib, ckpt_restart, copy_cost as copy_cost_lib, figures, fsdp_warmup as fsdp_warmup_lib  # noqa: E402
+from . import parallel_bench as parallel_lib, report, slurm_path, torchft_bench, transfer  # noqa: E402
 from .common import REPO, SIZES, BenchError, JobRun, cpu_per_step, finite, lm_params, machine_info, median, run_ckptless, spread, task_overrides, torchft_version, verdict  # noqa: E402
 from .plan import PLANS, Plan  # noqa: E402
 
@@ -451,6 +454,19 @@ class Bench:
             raise BenchError("FSDP warm-up: the first step after the warm-up differs from a cold process's: the warm-up left a trace. HINT: see samples[].params_sha256")
         return res
 
+    def parallel(self, in_run: bool = False) -> Dict[str, Any]:
+        """Tensor and pipeline parallel (issue 31): TP=2 and PP=2 x 2 replicas against the same
+        layout in plain torch, and a killed TP/PP rank against a ddp promotion (bench/parallel_bench.py).
+        ``in_run``: as a section of ``python -m bench``, where the quick smoke leaves it out: its
+        quick variant is 11 jobs, 71 s on 2 idle cores (2026-12-05), more than the rest of the smoke
+        can spare, and tests/bench/test_parallel_bench.py runs it already."""
+        quick = self.plan.name == "quick"
+        if quick and in_run:
+            return {"status": "skipped: not in the quick run (python -m bench --only parallel --quick; tests/bench/test_parallel_bench.py runs it)"}
+        res = parallel_lib.measure(quick, self.tmp / "parallel")
+        log("\n" + parallel_lib.table(res))
+        return res
+
     def b6_sim(self, b1: Dict[str, Any], b3: Dict[str, Any], b5: Dict[str, Any]) -> Dict[str, Any]:
         pt = b1["points"][-1]  # the largest model measured
         per_doubling = b5lib.group_init_per_doubling_s(b5)  # B5's re-formation growth per doubling of the world
@@ -522,6 +538,7 @@ def headline(res: Dict[str, Any]) -> Dict[str, Optional[float]]:
         **b9lib.headline(res.get("b9")),
         **slurm_headline(res.get("b1_slurm")),
         **copy_cost_lib.headline(res.get("copy_cost")),
+        **parallel_lib.headline(res.get("parallel")),
     }
 
 
@@ -548,7 +565,7 @@ def _clean(x: Any) -> Any:
     return x
 
 
-SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7", "b8", "b9", "b1_slurm", "copy_cost")
+SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7", "b8", "b9", "b1_slurm", "copy_cost", "parallel")
 
 
 def _write(res: Dict[str, Any], results: Path) -> None:
@@ -571,7 +588,7 @@ def _resim(results: Path, plan: Plan) -> int:
     return 0
 
 
-INDEPENDENT = ("b3", "b4", "b5", "b7", "b8", "b9", "b1_slurm", "gloo_lazy", "fsdp_warmup", "copy_cost")  # sections that use no other section's results
+INDEPENDENT = ("b3", "b4", "b5", "b7", "b8", "b9", "b1_slurm", "gloo_lazy", "fsdp_warmup", "copy_cost", "parallel")  # sections that use no other section's results
 
 
 def _only(names: List[str], plan: Plan, results: Path, add_to_latest: bool = False) -> int:
@@ -625,6 +642,8 @@ def _add_to_latest(res: Dict[str, Any], names: List[str], latest: Path) -> None:
         old.update(b9lib.headline(res["b9"]))
     if "b1_slurm" in names:
         old.update(slurm_headline(res["b1_slurm"]))
+    if "parallel" in names:
+        old.update(parallel_lib.headline(res["parallel"]))
     latest.write_text(json.dumps(_clean(old), indent=2) + "\n", encoding="utf-8")
     print(f"added {', '.join(names)} to {latest}")
 
@@ -677,6 +696,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "b9": b.b9,
         "b1_slurm": b.b1_slurm,
         "copy_cost": b.copy_cost,
+        "parallel": lambda: b.parallel(in_run=True),
     }
     failed = []
     for name in SECTIONS:

@@ -738,7 +738,7 @@ class Config:
     dry_run: bool = False
     """Validate the config and check the task; print the placement (and the Slurm lines); launch nothing."""
     resume_from: Optional[str] = None
-    """A run dir, or a final, periodic or emergency copy: a new job continues from its step."""
+    """A run dir, or a final, periodic or emergency copy (its folder or file, or its DCP folder: the copy it was written from): a new job continues from its step."""
 
     @staticmethod
     def check_resume(cfg: Any, need: Need, probes: "Probes") -> None:
@@ -749,7 +749,7 @@ class Config:
             return
         rec, why = probes.read_resume(str(resume), resume_shards(cfg))
         if rec is None:
-            need(False, "resume_from", resume, str(why), "give a run directory, its final/ folder, or the file or folder of a saved copy")
+            need(False, "resume_from", resume, str(why), "give a run directory, its final/ folder, or the file, folder or DCP folder of a saved copy")
             return
         need(
             rec["step"] < cfg.train.steps,

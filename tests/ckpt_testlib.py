@@ -70,3 +70,15 @@ def fill_up(fs: Path, chunk: int = 4096) -> OSError:
         os.close(fd)
     raise AssertionError(f"{fs} took every write")
 
+
+
+def restore_through_dcp(model, optimizer, path) -> None:
+    """docs/tasks.md's recipe, word for word: a DCP checkpoint of the job's into ``model`` and
+    ``optimizer`` (freshly built by the task) with torch's own API alone."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    sd = {"model": model.state_dict(), "optim": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(sd, checkpoint_id=str(path))
+    model.load_state_dict(sd["model"])
+    set_optimizer_state_dict(model, optimizer, sd["optim"])

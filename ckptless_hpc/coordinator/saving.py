@@ -11,8 +11,8 @@ import os
 from typing import Any, Callable, Dict, Optional
 
 from ..control.messages import Abort, Export, Save, Stop
-from ..rundir.paths import state_file
-from ..rundir.record import PRIVATE_DIR_MODE, write_failure
+from ..rundir.paths import INDEX, state_file
+from ..rundir.record import PRIVATE_DIR_MODE, RecordError, write_failure, write_json
 from ..state.placement import plan_shards
 from . import verdicts
 from .sharding import inventories
@@ -103,7 +103,18 @@ class Saver:
         shards = {str(k): {"path": v["path"], "sha256": v["sha256"]} for k, v in sorted(r.shard_saves.items())}
         r.saved = {"path": folder, "step": plan.target_step, "sha256": h.hexdigest(), "shards": shards}
         self.persist()
+        self._index(folder, plan.target_step)
         return r.saved
+
+    def _index(self, folder: str, step: int) -> None:
+        """A complete sharded emergency copy's index.json, as a periodic copy's (what ``export`` and
+        ``resume_from`` check its files against; the writer of its shard 0 then writes its DCP
+        checkpoint: worker/storage.py)."""
+        files = {str(k): {"file": os.path.basename(v["path"]), "state_sha256": v["sha256"]} for k, v in sorted(self.record.shard_saves.items())}
+        try:
+            write_json(os.path.join(folder, INDEX), {"format": 1, "mode": self.layout.mode, "step": step, "files": files})
+        except RecordError as e:
+            log.warning("the emergency copy of step %d is written but not its index (nor its DCP checkpoint): %s", step, e)
 
     async def write_shards(self, folder: str, writers: Dict[int, str], step: int) -> bool:
         """Each shard of the state of ``step`` written to ``folder`` by its writer (shard -> worker);

@@ -12,10 +12,11 @@ A run directory (``hydra.run.dir``) holds, over a job's life::
                           <node>.<task>.log, srun-<node>.log (Slurm)
     .hydra/               Hydra's config.yaml, overrides.yaml (hydra.yaml)
     submitit/             cluster=slurm: submitit's own files (the batch script, its .out/.err)
-    state/                emergency copies: emergency.pt, emergency-step<S>/shard<i>.pt,
-                          last-resort-<restart>.lock
-    saved/step<S>/        train.save_every: state.pt or shard<i>.pt, and index.json once complete
-    final/                train.save_final: model.pt, and state/ (state.pt or shard<i>.pt, index.json)
+    state/                emergency copies: emergency.pt and dcp/, emergency-step<S>/shard<i>.pt
+                          and emergency-step<S>/dcp/, last-resort-<restart>.lock
+    saved/step<S>/        train.save_every: state.pt or shard<i>.pt, and index.json once complete;
+                          dcp/ (the copy as a DCP checkpoint) once written
+    final/                train.save_final: model.pt, dcp/, and state/ (state.pt or shard<i>.pt, index.json)
     tensorboard/          train.tensorboard=true
     report.png            ``ckptless-hpc report``'s chart (default place)
 
@@ -41,7 +42,8 @@ JOB = "job.json"
 COORDINATOR_LOG = "coordinator.log"
 INDEX = "index.json"  # a state folder's index (saved/step<S>/, final/state/)
 MODEL = "model.pt"  # the full model (final/model.pt; the default of ``ckptless-hpc export --out``)
-DCP = "dcp"  # the whole final state as a torch.distributed.checkpoint checkpoint (final/dcp/, state/dcp.py)
+DCP = "dcp"  # a saved state as a torch.distributed.checkpoint checkpoint (final/dcp/, <copy>/dcp/: copy_dcp; state/dcp.py)
+DCP_SOURCE = "copy.json"  # in a DCP folder: the job's own copy it was written from (its files, step, state sha256s)
 EMERGENCY = "emergency.pt"  # the replicated emergency copy (state/emergency.pt)
 STATE_FILE = "state.pt"  # one whole replicated state in a state folder
 REPORT = "report.png"
@@ -76,6 +78,16 @@ def state_file(shard: Optional[int]) -> str:
 def step_folder(step: int) -> str:
     """The name of a periodic copy's folder in saved/: ``step<S>``."""
     return f"step{step}"
+
+
+def copy_dcp(folder: str) -> str:
+    """The DCP folder of the saved copy whose state files lie in ``folder``: ``dcp/`` beside them
+    (saved/step<S>/dcp, state/dcp, state/emergency-step<S>/dcp); the final state's is final/dcp
+    (beside final/state/)."""
+    folder = os.path.normpath(folder)
+    if os.path.basename(folder) == STATE and os.path.basename(os.path.dirname(folder)) == FINAL:
+        folder = os.path.dirname(folder)
+    return os.path.join(folder, DCP)
 
 
 def step_of_folder(name: str) -> Optional[int]:

@@ -1,9 +1,9 @@
 """A saved state as a torch.distributed.checkpoint (DCP) checkpoint a user restores without this package.
 
-The job's own copies (one checksummed file per shard, :mod:`.emergency`) stay what recovery,
-``resume_from`` and ``export`` read. What a user takes away is also written as DCP: one
-checkpoint of the whole state, ``{"model": ..., "optim": ...}``, laid out as torch's own
-state-dict API presents it (``torch.distributed.checkpoint.state_dict``): ``model`` is the model's
+The job's own copies (one checksummed file per shard, :mod:`.emergency`) stay what recovery
+reads and what ``resume_from`` loads. Every saved state is also written as DCP: one checkpoint
+of the whole state, ``{"model": ..., "optim": ...}``, laid out as torch's own state-dict API
+presents it (``torch.distributed.checkpoint.state_dict``): ``model`` is the model's
 ``state_dict()`` (the user's view, :mod:`.views`), ``optim`` the optimizer's state keyed by
 parameter name with its param groups (``get_optimizer_state_dict``'s layout). A user restores
 it into their own model and optimizer (docs/tasks.md)::
@@ -17,19 +17,33 @@ it into their own model and optimizer (docs/tasks.md)::
     set_optimizer_state_dict(model, optimizer, sd["optim"])
 
 (``torch.distributed.checkpoint.format_utils.dcp_to_torch_save`` turns it into one torch.save file.)
-The final state is written so at the end of a job (``final/dcp``); ``ckptless-hpc export --format
-dcp`` writes any saved state so.
+Where: ``final/dcp`` (the final state, written with final/model.pt), ``dcp/`` in each periodic
+copy's folder (``saved/step<S>/dcp``, worker/periodic.py) and beside each emergency copy
+(``state/dcp``, ``state/emergency-step<S>/dcp``, worker/storage.py): rundir/paths.py ``copy_dcp``.
+``ckptless-hpc export --format dcp`` writes any saved state so.
+
+Each DCP folder also holds ``copy.json`` (:data:`~ckptless_hpc.rundir.paths.DCP_SOURCE`): the
+job's copy it was written from (its files, relative to the folder, each with its state's
+sha256, and the step), which DCP itself ignores. ``resume_from`` and ``export`` given a DCP
+folder read that copy, checked as any copy is (state/export.py ``shard_files``); ``export`` reads
+a DCP folder without it (moved away, or written by someone else) from the checkpoint itself
+(:func:`load_model`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..rundir.paths import DCP_SOURCE
+
 Shard = Tuple[List[Tuple[str, torch.Tensor]], Dict[str, Any]]
+
+METADATA = ".metadata"  # torch's own: the file that makes a folder a DCP checkpoint (FileSystemWriter)
 
 
 def optimizer_state(shards: Sequence[Shard]) -> Dict[str, Any]:
@@ -78,9 +92,10 @@ def _merge_groups(into: List[Dict[str, Any]], groups: List[Dict[str, Any]]) -> N
             into[i]["params"] += [p for p in g["params"] if p not in into[i]["params"]]
 
 
-def write(out_dir: str, shards: Sequence[Shard], model_state: Dict[str, torch.Tensor]) -> Dict[str, Any]:
+def write(out_dir: str, shards: Sequence[Shard], model_state: Dict[str, torch.Tensor], source: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """One DCP checkpoint of the whole state at ``out_dir`` (``model_state``: the user's view of
-    the model, export.full_model), written beside and renamed into place; its record."""
+    the model, export.full_model), written beside and renamed into place; its record. ``source``:
+    the job's copy it is written from (:func:`source_of`), kept as ``copy.json`` in the folder."""
     import torch.distributed.checkpoint as dcp
 
     tmp = f"{out_dir}.tmp-{os.getpid()}"
@@ -88,6 +103,9 @@ def write(out_dir: str, shards: Sequence[Shard], model_state: Dict[str, torch.Te
     sd = {"model": {k: v.detach().cpu().clone() for k, v in model_state.items()}, "optim": optimizer_state(shards)}
     try:
         dcp.save(sd, storage_writer=dcp.FileSystemWriter(tmp), no_dist=True)
+        if source is not None:
+            with open(os.path.join(tmp, DCP_SOURCE), "w", encoding="utf-8") as f:
+                json.dump(source, f, indent=2)
         if os.path.isdir(out_dir):
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)
@@ -95,3 +113,43 @@ def write(out_dir: str, shards: Sequence[Shard], model_state: Dict[str, torch.Te
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return {"path": out_dir, "bytes": sum(os.path.getsize(os.path.join(out_dir, f)) for f in os.listdir(out_dir))}
+
+
+def source_of(out_dir: str, step: int, files: Sequence[str], shas: Sequence[str]) -> Dict[str, Any]:
+    """``copy.json`` of a DCP folder at ``out_dir`` written from the copy whose state files are
+    ``files`` (shard order) with their states' sha256 ``shas``: an index (as index.json's) whose
+    files are named relative to the folder."""
+    rel = lambda f: os.path.relpath(os.path.abspath(f), os.path.abspath(out_dir))  # noqa: E731
+    return {"format": 1, "step": int(step), "files": {str(i): {"file": rel(f), "state_sha256": sha} for i, (f, sha) in enumerate(zip(files, shas))}}
+
+
+def is_checkpoint(path: str) -> bool:
+    """Whether ``path`` is a DCP checkpoint folder (torch's ``.metadata`` in it)."""
+    return os.path.isfile(os.path.join(path, METADATA))
+
+
+def read_source(path: str) -> Optional[Dict[str, Any]]:
+    """The ``copy.json`` of the DCP folder at ``path``, or None when it has none."""
+    try:
+        with open(os.path.join(path, DCP_SOURCE), encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def load_model(path: str) -> Dict[str, torch.Tensor]:
+    """The ``model`` part of the DCP checkpoint at ``path`` (the model's ``state_dict()``), read
+    with torch's own API alone: every tensor its metadata names under ``model``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    md = dcp.FileSystemReader(path).read_metadata()
+    model: Dict[str, torch.Tensor] = {}
+    for fqn, item in md.state_dict_metadata.items():
+        where = (md.planner_data or {}).get(fqn, (fqn,))
+        if isinstance(item, TensorStorageMetadata) and len(where) == 2 and where[0] == "model":
+            model[str(where[1])] = torch.empty(tuple(item.size), dtype=item.properties.dtype)
+    if not model:
+        raise ValueError(f"the DCP checkpoint {path} holds no model state (no key under 'model')")
+    dcp.load({"model": model}, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    return model

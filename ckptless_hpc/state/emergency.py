@@ -89,6 +89,11 @@ def read(path: str, sha256: Optional[str] = None) -> Tuple[Entries, Dict[str, An
     return entries, meta
 
 
+def read_checked(path: str, sha256: Optional[str] = None) -> Tuple[Entries, Dict[str, Any], str]:
+    """:func:`read`, and the sha256 of the state read (what an index records for it)."""
+    return _checked(path, sha256)
+
+
 def _checked(path: str, sha256: Optional[str]) -> Tuple[Entries, Dict[str, Any], str]:
     hint = 'HINT: a damaged copy is never loaded; restore the file from a backup, or start the job afresh without it (remove the "saved" entry from RUN_DIR/restart.json)'
     if not os.path.exists(path):

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..rundir.paths import DCP, FINAL, INDEX, SHARD_FILE, STATE, RunPaths, step_of_folder
+from ..rundir.paths import DCP, DCP_SOURCE, FINAL, INDEX, SHARD_FILE, STATE, RunPaths, copy_dcp, step_of_folder
 from ..rundir.record import fsync_dir, remove_quietly, write_failure
 from . import dcp, emergency
 from .snapshot import state_sha256
@@ -37,6 +37,11 @@ from .views import UserView, present
 class ExportError(Exception):
     """Nothing to export at the path, or its files do not make a whole model; the message names
     the path and what to do."""
+
+
+class NoCopyBeside(ExportError):
+    """A DCP folder whose job's copy is not where its copy.json says (moved away, written by
+    someone else): ``export`` reads the checkpoint itself, ``resume_from`` refuses it."""
 
 
 def job_view(shards: Sequence[Tuple[List[Tuple[str, torch.Tensor]], Dict[str, Any]]]) -> Dict[str, torch.Tensor]:
@@ -102,13 +107,15 @@ def full_model(
 
 def shard_files(path: str) -> Tuple[List[str], Optional[Dict[str, Any]]]:
     """The state files at ``path`` in shard order, and the index when there is one. ``path`` is a
-    state file, a folder of shard files (with or without an index), a ``final/`` folder, or a
-    run directory (its final state, else its newest periodic copy, else the copy its
-    restart.json names)."""
+    state file, a folder of shard files (with or without an index), a ``final/`` folder, a DCP
+    folder of a saved copy (the copy its copy.json names: state/dcp.py), or a run directory (its
+    final state, else its newest periodic copy, else the copy its restart.json names)."""
     if os.path.isfile(path):
         return [path], None
     if not os.path.isdir(path):
         raise ExportError(f"{path} does not exist. HINT: give a run directory, its final/ folder, a state folder or a state file")
+    if dcp.is_checkpoint(path):
+        return _copy_of_dcp(path)
     for sub in (os.path.join(FINAL, STATE), STATE):
         if os.path.isfile(os.path.join(path, sub, INDEX)):
             return shard_files(os.path.join(path, sub))
@@ -131,6 +138,22 @@ def shard_files(path: str) -> Tuple[List[str], Optional[Dict[str, Any]]]:
     raise ExportError(
         f"no saved state at {path} (no final/state/{INDEX}, no saved/step*/{INDEX}, no shard files, no copy named in restart.json). HINT: train.save_final=true leaves RUN_DIR/final"
     )
+
+
+def _copy_of_dcp(path: str) -> Tuple[List[str], Dict[str, Any]]:
+    """The files of the copy the DCP folder at ``path`` was written from, and its copy.json as
+    the index (each file's state sha256, the step)."""
+    source = dcp.read_source(path)
+    if source is None:
+        raise NoCopyBeside(f"{path} is a DCP checkpoint that names no copy of this job (no {DCP_SOURCE} in it). HINT: resume_from the saved copy it came from; dcp.load reads it (docs/tasks.md)")
+    files = [os.path.normpath(os.path.join(path, rec["file"])) for _, rec in sorted(source["files"].items(), key=lambda kv: int(kv[0]))]
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise NoCopyBeside(
+            f"{path} is the DCP checkpoint of a copy of step {source['step']} whose files are not where it says ({', '.join(missing[:2])}). "
+            "HINT: resume_from needs the job's own copy: put the DCP folder back in its copy's folder, or give the copy itself (export --format pt reads the checkpoint alone)"
+        )
+    return files, source
 
 
 def _newest_periodic(run_dir: str) -> Optional[str]:
@@ -160,6 +183,9 @@ def resume_record(path: str, shards: int) -> Dict[str, Any]:
     if index is not None:
         step = int(index["step"])
         shas = {i: index["files"][str(i)].get("state_sha256") for i in range(len(files))}
+        held = {emergency.step_of(f) for f in files} if dcp.is_checkpoint(path) else {step}
+        if held != {step}:  # a DCP folder left beside a copy written over since (a newer emergency copy)
+            raise ExportError(f"{path} is the DCP checkpoint of step {step}, but the copy it names now holds step(s) {sorted(map(str, held))}. HINT: give the copy itself (its folder or file)")
     else:
         steps = {emergency.step_of(f) for f in files}
         if None in steps or len(steps) != 1:
@@ -178,20 +204,52 @@ def resume_record(path: str, shards: int) -> Dict[str, Any]:
 def load_full_model(path: str, build_model: Optional[Callable[[], torch.nn.Module]] = None) -> Dict[str, torch.Tensor]:
     """The full model of the saved state at ``path`` (see :func:`shard_files`), every file checked;
     ``build_model``: the task's, for a model whose ``state_dict`` hooks make keys of their own."""
-    shards, index = load_shards(path)
+    try:
+        shards, index = load_shards(path)
+    except NoCopyBeside:  # a DCP folder alone: its own model part
+        try:
+            return dcp.load_model(path)
+        except Exception as e:  # noqa: BLE001 - torch's reader: any failure names the folder
+            raise ExportError(f"cannot read the DCP checkpoint {path}: {type(e).__name__}: {e}") from None
     return full_model(shards, (index or {}).get("model_keys"), build_model=build_model)
 
 
 def export_dcp(path: str, out: str, build_model: Optional[Callable[[], torch.nn.Module]] = None) -> Dict[str, Any]:
-    """The whole saved state at ``path`` as one DCP checkpoint at ``out`` (state/dcp.py)."""
-    shards, index = load_shards(path)
-    user = full_model(shards, (index or {}).get("model_keys"), build_model=build_model)
+    """The whole saved state at ``path`` as one DCP checkpoint at ``out`` (state/dcp.py), naming
+    the copy it is written from (its copy.json)."""
+    files, index = shard_files(path)
+    return copy_to_dcp(files, out, [(index or {}).get("files", {}).get(str(i), {}).get("state_sha256") for i in range(len(files))], build_model, (index or {}).get("model_keys"))
+
+
+def copy_to_dcp(
+    files: Sequence[str],
+    out: Optional[str] = None,
+    shas: Optional[Sequence[Optional[str]]] = None,
+    build_model: Optional[Callable[[], torch.nn.Module]] = None,
+    legacy_keys: Optional[Mapping[str, str]] = None,
+) -> Dict[str, Any]:
+    """The saved copy whose state files are ``files`` (shard order; each checked, and against
+    ``shas`` where given) as one DCP checkpoint at ``out`` (default: the copy's own, paths.copy_dcp);
+    its record. Raises ExportError."""
+    out = out or copy_dcp(os.path.dirname(files[0]))
+    shards, got = [], []
     try:
-        return dcp.write(out, shards, user)
+        for i, f in enumerate(files):
+            entries, meta, sha = emergency.read_checked(f, (shas or [None] * len(files))[i])
+            shards.append((entries, meta))
+            got.append(sha)
+    except emergency.EmergencyCopyError as e:
+        raise ExportError(str(e)) from None
+    steps = sorted({int(meta["step"]) for _, meta in shards})
+    if len(steps) > 1:
+        raise ExportError(f"{os.path.dirname(files[0])}: its shard files hold different steps ({steps}). HINT: export a complete copy of one step (every shard file of it)")
+    user = full_model(shards, legacy_keys, build_model=build_model)
+    try:
+        return dcp.write(out, shards, user, dcp.source_of(out, steps[0], files, got))
     except OSError as e:
         raise ExportError(f"cannot write {out}: {write_failure(e, out)}") from None
     except ValueError as e:
-        raise ExportError(f"{path}: {e}") from None
+        raise ExportError(f"{files[0]}: {e}") from None
 
 
 def load_shards(path: str) -> Tuple[List[Tuple[List[Tuple[str, torch.Tensor]], Dict[str, Any]]], Optional[Dict[str, Any]]]:
@@ -283,7 +341,7 @@ def write_final(
     model = write_model(user, out)
     dcp_dir = os.path.join(os.path.dirname(out), DCP)
     try:
-        dcp_rec = dcp.write(dcp_dir, shards, user)
+        dcp_rec = dcp.write(dcp_dir, shards, user, dcp.source_of(dcp_dir, step, files, [r["state_sha256"] for _, r in sorted(recs.items(), key=lambda kv: int(kv[0]))]))
     except OSError as e:
         raise ExportError(f"cannot write {dcp_dir}: {write_failure(e, dcp_dir)}") from None
     except ValueError as e:

@@ -505,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     x = sub.add_parser(
         "export",
         help="the full model of a saved state, as one state_dict file",
-        description="Write the model's full state_dict (unsharded) from a saved state: a run directory (its final state, else the copy its restart.json names), its final/ folder, a state folder (final, emergency; sharded or not) or a state file. Load it with model.load_state_dict(torch.load(PATH, weights_only=True)).",
+        description="Write the model's full state_dict (unsharded) from a saved state: a run directory (its final state, else the copy its restart.json names), its final/ folder, a state folder (final, periodic, emergency; sharded or not), a state file, or a copy's DCP folder (final/dcp, saved/step<S>/dcp, state/dcp: the copy it was written from, else the checkpoint itself). Load it with model.load_state_dict(torch.load(PATH, weights_only=True)).",
     )
     x.add_argument("path", metavar="RUN_DIR_OR_COPY")
     x.add_argument("--out", metavar="PT", default=MODEL, help=f"where to write it (default: {MODEL})")

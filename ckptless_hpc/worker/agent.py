@@ -47,6 +47,7 @@ from ..train import cuda
 from ..train.comm import resources
 from ..train.engine import Engine
 from . import last_resort
+from .dcp_copies import WRITER
 from .exits import EXIT_COORDINATOR_LOST, EXIT_STARTUP_ERROR, EXIT_WORKER_FAILED
 from .groups import Groups
 from .injector import FaultInjector
@@ -190,7 +191,7 @@ class Agent:
         samples = batch_size * engine.micro_batches * world if isinstance(batch_size, int) else None
         self.shards = ShardCopies(cfg, self.me.secret, self.client, self.waiter.wake) if engine.sharded else None
         receiver, landing = (self.shards.keep, self.shards.landing) if self.shards is not None else (None, None)
-        self.periodic = PeriodicCopies(cfg, self.job.run_dir, self.client.send)
+        self.periodic = PeriodicCopies(cfg, self.job.run_dir, self.client.send, engine.build_model)
         self.peers = PeerState(cfg, engine, self.shards, self.me.secret, self.client, self.waiter, self.faults, self.standing, self.me.node)
         self.storage = StorageCopy(engine, self.client, self.shards, self.standing, self.peers.held_step, self.me.name)
         self.groups = Groups(cfg, engine, store_addr, self.me.secret, self.me.host, device, backend)
@@ -230,6 +231,7 @@ class Agent:
 
     def _on_lost(self, why: str) -> None:
         if self.waiter.stopping:
+            WRITER.finish()  # a relay that passed the stop on is gone: the DCP checkpoints being written end first
             exit_now(0)
         if self.waiter.orphaned:
             return

@@ -4,7 +4,8 @@ writer of each piece (rank 0 for the replicated state; every rank its own shard 
 ``fsdp``; the first shard group for ``hsdp``) takes a copy of its state in memory and writes it in
 a thread of its own to ``RUN_DIR/saved/step<step>/`` (state/emergency.py's atomic write), while
 training goes on. The coordinator indexes a copy once every piece of it is written and keeps the
-newest ``train.keep_saved``."""
+newest ``train.keep_saved``; then the process that wrote its shard 0 writes it as a DCP checkpoint,
+``saved/step<step>/dcp`` (worker/dcp_copies.py), in the background too."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ..control.messages import Encodable, PeriodicFailed, PeriodicSaved
 from ..rundir.paths import RunPaths, state_file
 from ..state import emergency, export
 from ..state.placement import REPLICA_GROUPS, group_size
+from .dcp_copies import WRITER, needs_model
 
 log = logging.getLogger("ckptless_hpc.worker")
 
@@ -29,10 +31,14 @@ def writes(mode: str, rank: int, shard_size: Optional[int]) -> bool:
 
 
 class PeriodicCopies:
-    def __init__(self, cfg: Any, run_dir: Optional[str], send: Callable[[Encodable], None]) -> None:
+    def __init__(self, cfg: Any, run_dir: Optional[str], send: Callable[[Encodable], None], build_model: Optional[Callable[[], Any]] = None) -> None:
         self.every, self.last = int(cfg.train.save_every), int(cfg.train.steps)
         self.mode, self.shard_size = str(cfg.parallel.mode), group_size(cfg.parallel)
         self.run_dir, self.send = run_dir, send
+        cluster = getattr(cfg, "cluster", None)  # the copy's index comes within a round trip of its last piece
+        self.index_wait_s = float(getattr(cluster, "recovery_timeout_s", 60.0))
+        self.build_model = build_model  # the engine's: a fresh model presents keys a state_dict hook makes
+        self._presenter: Optional[Any] = None  # that model, built once on the training thread
         self._writing: Optional[threading.Thread] = None
         self._asked: Set[int] = set()  # steps the coordinator asked for (train.save_every_s)
 
@@ -61,6 +67,15 @@ class PeriodicCopies:
             pieces.append((os.path.join(folder, state_file(None if self.mode == "ddp" else shard)), entries, meta, shard))
         self._writing = threading.Thread(target=self._write, args=(pieces, step), name=f"copy-step{step}", daemon=True)
         self._writing.start()
+        if 0 in shards:  # the writer of shard 0 writes the copy's DCP checkpoint once it is complete
+            WRITER.after_index(folder, step, self.index_wait_s, self._present_with(pieces[0][2]), what="periodic copy")
+
+    def _present_with(self, meta: Dict[str, Any]) -> Optional[Callable[[], Any]]:
+        if not needs_model(meta) or self.build_model is None:
+            return None
+        if self._presenter is None:
+            self._presenter = self.build_model()  # here, on the training thread: building forks and restores its RNG
+        return lambda: self._presenter
 
     def _write(self, pieces: List[Tuple[str, Any, Dict[str, Any], int]], step: int) -> None:
         for path, entries, meta, shard in pieces:

@@ -1,24 +1,31 @@
 """The worker's side of the job's one storage copy: the emergency copy written when the whole
 allocation must go (state/emergency.py: never over a newer copy, never a damaged one), one shard
-of it in a sharded mode, and the copy a requeued job starts from."""
+of it in a sharded mode, and the copy a requeued job starts from. Each emergency copy is also
+written as a DCP checkpoint beside it (state/dcp.py: ``state/dcp``, ``state/emergency-step<S>/dcp``),
+after the copy itself: the replicated one by its writer from the state in memory, a sharded one
+by the writer of shard 0 once the coordinator has indexed it (worker/dcp_copies.py)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..rundir import paths
-from ..state import emergency, export
+from ..state import dcp, emergency, export
 from ..control.client import exit_now
 from ..control.messages import Exported, ExportFailed, LoadFailed, Saved, SaveFailed
+from .dcp_copies import WRITER, needs_model
 from .interrupt import Aborted
 from .seams import EngineState, Sender
 from .shard_copies import ShardCopies
 from .standing import Standing
 
 log = logging.getLogger("ckptless_hpc.worker")
+
+INDEX_WAIT_S = 60.0  # a sharded emergency copy's index comes within a round trip of its last shard
 
 
 def copy_kind(path: str) -> str:
@@ -62,9 +69,31 @@ class StorageCopy:
 
     def save(self, path: str) -> Dict[str, Any]:
         """Write the committed state once (state/emergency.py: never over a newer copy, never a
-        damaged one); raises emergency.EmergencyCopyError when it cannot be written."""
+        damaged one), then its DCP checkpoint; raises emergency.EmergencyCopyError when the copy
+        cannot be written."""
+        rec, entries, meta = self._write(path)
+        self._dcp_beside(rec, entries, meta)
+        return rec
+
+    def _write(self, path: str) -> Tuple[Dict[str, Any], Any, Dict[str, Any]]:
         entries, meta = self.engine.collect(self.standing.step)
-        return emergency.write(path, entries, meta)
+        return emergency.write(path, entries, meta), entries, meta
+
+    def _dcp_beside(self, rec: Dict[str, Any], entries: Any, meta: Dict[str, Any]) -> None:
+        """The replicated emergency copy just written (``rec``) as a DCP checkpoint beside it,
+        from the same state in memory; a DCP that cannot be written is said, never the copy's failure."""
+        if not rec.get("written", True):  # a newer copy was kept: its DCP stays as it is
+            return
+        out = paths.copy_dcp(os.path.dirname(rec["path"]))
+        shutil.rmtree(out, ignore_errors=True)  # never an older state's DCP beside the new copy
+        t0 = time.monotonic()
+        try:
+            user = export.full_model([(entries, meta)], build_model=self.engine.build_model)
+            d = dcp.write(out, [(entries, meta)], user, dcp.source_of(out, rec["step"], [rec["path"]], [rec["sha256"]]))
+        except Exception as e:  # noqa: BLE001 - the task's hooks, the filesystem: said, the copy stands
+            log.warning("the emergency copy of step %d has no DCP checkpoint: %s: %s", rec["step"], type(e).__name__, e)
+            return
+        log.info("the emergency copy of step %d as a DCP checkpoint: %s (%.1f MB, %.2fs)", rec["step"], out, d["bytes"] / 1e6, time.monotonic() - t0)
 
     def save_shard(self, path: str, shard: int, step: int) -> None:
         """One shard of a sharded copy (an emergency copy, the final state; the replicated
@@ -86,6 +115,9 @@ class StorageCopy:
             self.client.send(SaveFailed(path, str(e), step))
             return
         self.client.send(Saved(path, rec["step"], rec["sha256"], shard=shard, bytes=rec["bytes"], written=rec["written"]))
+        if shard == 0 and copy_kind(path) == "the emergency copy":  # its DCP checkpoint, once the coordinator indexes the copy
+            present = self.engine.build_model() if needs_model(meta) else None  # here, not on the writer's thread: building forks the RNG
+            WRITER.after_index(os.path.dirname(path), step, INDEX_WAIT_S, (lambda: present) if present is not None else None, what="emergency copy")
 
     def export(self, files: List[str], out: str, step: int) -> None:
         """The final state's index and full model (state/export.py), from its written files."""
@@ -106,9 +138,13 @@ class StorageCopy:
         """The coordinator's ``stop``: write the copy it asks for, if this process holds the job's state; then exit."""
         if path and self.held_step() is not None:
             try:
-                self.client.send(Saved(**self.save(path)))
+                rec, entries, meta = self._write(path)
             except emergency.EmergencyCopyError as e:
                 log.error("%s", e)
                 self.client.send(SaveFailed(path, str(e), self.standing.step))
+            else:
+                self.client.send(Saved(**rec))  # the coordinator waits for the copy, not for its DCP checkpoint:
+                WRITER.submit(lambda: self._dcp_beside(rec, entries, meta))  # written after, before this process exits
+        WRITER.finish()
         time.sleep(0.05)
         exit_now(0)

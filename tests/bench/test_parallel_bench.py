@@ -76,3 +76,27 @@ def test_quick_section_writes_every_field(tmp_path):
     assert set(res["headline"]) == set(parallel_bench.headline(None)), res["headline"]
     assert all(v is not None and math.isfinite(v) for v in res["headline"].values()), res["headline"]
     assert "TP=2 x 2 replicas" in p.stdout and "bitwise" in p.stdout, p.stdout
+
+
+def test_the_runner_carries_the_section_and_the_quick_smoke_leaves_it_out(tmp_path):
+    """``python -m bench`` runs the section (and ``--only parallel``); the quick smoke skips it
+    (its 11 jobs take minutes: the test below runs its quick variant); ``--add-to-latest`` adds the
+    section and its headline keys to latest.json, changing nothing else; the table has its rows."""
+    from bench import report, run
+    from bench.plan import PLANS
+
+    assert "parallel" in run.SECTIONS and "parallel" in run.INDEPENDENT
+    skipped = run.Bench(PLANS["quick"], tmp_path).parallel(in_run=True)
+    assert skipped["status"].startswith("skipped: not in the quick run"), skipped
+    assert report.parallel_rows(skipped) == [["TP / PP vs plain torch (issue 31)", skipped["status"], "<=2%", "n/a"]]
+    measured = json.loads((REPO / "bench" / "results" / "only-parallel.json").read_text())
+    latest = tmp_path / "latest.json"
+    latest.write_text(json.dumps({"b3": {"overhead_pct": 1.0}, "b3_overhead_pct": 1.0}))
+    run._add_to_latest(measured, ["parallel"], latest)
+    got = json.loads(latest.read_text())
+    assert got["b3"] == {"overhead_pct": 1.0} and got["b3_overhead_pct"] == 1.0
+    assert got["parallel"]["tp"]["overhead_pct"] == measured["parallel"]["tp"]["overhead_pct"] and got["parallel"]["measured"]["command"] == measured["command"]
+    assert {k: got[k] for k in parallel_bench.headline(None)} == parallel_bench.headline(measured["parallel"])
+    rows = report.parallel_rows(got["parallel"])
+    assert [r[0].split(" vs ")[0] for r in rows] == ["TP=2 x 2 replicas", "PP=2 (gpipe, 4 micro-batches) x 2 replicas", "TP / PP lost rank"], rows
+    assert rows[0][3] == got["parallel"]["tp"]["verdict"] and "oracle held" in rows[2][1]

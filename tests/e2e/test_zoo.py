@@ -26,7 +26,7 @@ from hydra import compose, initialize_config_module
 from hydra.utils import instantiate
 
 import plain_loop
-from ckpt_testlib import REPO
+from ckpt_testlib import REPO, restore_through_dcp
 from ckptless_hpc.config import register_configs
 from ckptless_hpc.tools.commands import main as tools_main
 
@@ -134,15 +134,9 @@ def _restores_through_dcp(task, composed, path, want: dict) -> None:
     """The final state's DCP copy restores with torch's own API alone (docs/tasks.md), into the
     task's own model and optimizer: the model equal to final/model.pt, every parameter's optimizer
     state a trained one (torch's API fills a fresh optimizer with zeros first)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
     model = task.build_model()
     opt = task.build_optimizer(model, composed.optim)
-    sd = {"model": model.state_dict(), "optim": get_optimizer_state_dict(model, opt)}
-    dcp.load(sd, checkpoint_id=str(path))
-    model.load_state_dict(sd["model"])
-    set_optimizer_state_dict(model, opt, sd["optim"])
+    restore_through_dcp(model, opt, path)
     mine = model.state_dict()
     assert mine.keys() == want.keys() and all(torch.equal(mine[k], want[k]) for k in want)
     names = {id(p): n for n, p in model.named_parameters()}

@@ -8,9 +8,8 @@ import io
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
+from ckpt_testlib import restore_through_dcp
 from ckptless_hpc.state import dcp as state_dcp
 from ckptless_hpc.state import emergency, export
 from ckptless_hpc.state.snapshot import collect_state
@@ -42,10 +41,7 @@ def _restore(task, path):
     """What a user does with torch alone (docs/tasks.md)."""
     model = task.build_model()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    sd = {"model": model.state_dict(), "optim": get_optimizer_state_dict(model, opt)}
-    dcp.load(sd, checkpoint_id=str(path))
-    model.load_state_dict(sd["model"])
-    set_optimizer_state_dict(model, opt, sd["optim"])
+    restore_through_dcp(model, opt, path)
     return model, opt
 
 
@@ -113,3 +109,31 @@ def test_export_format_dcp_of_a_saved_state(tmp_path):
     emergency.write(str(tmp_path / "state.pt"), *collect_state(model, opt, task, 2, _meta(model)))
     assert tools_main(["export", str(tmp_path / "state.pt"), "--out", str(tmp_path / "out"), "--format", "dcp"], out=io.StringIO()) == 0
     _same(model, opt, *_restore(task, tmp_path / "out"))
+
+
+def test_a_workers_copy_gets_its_dcp_checkpoint_once_indexed_and_none_if_never(tmp_path):
+    """worker/dcp_copies.py: the writer of shard 0 waits for the copy's index.json, then writes
+    dcp/ beside it, presented by a model built beforehand (a fused QKV behind hooks); a copy never
+    indexed gets none, and a stop ends the wait at once."""
+    import json
+    import time
+
+    from ckptless_hpc.worker.dcp_copies import DcpWriter
+
+    task = LlamaTask()
+    model, opt = _trained(task)
+    folder = tmp_path / "saved" / "step2"
+    writer = DcpWriter()
+    presenter = task.build_model()
+    writer.after_index(str(folder), 2, 30.0, lambda: presenter)
+    rec = emergency.write(str(folder / "state.pt"), *collect_state(model, opt, task, 2, _meta(model)))
+    time.sleep(0.2)
+    assert not (folder / "dcp").exists()  # not before the index
+    (folder / "index.json").write_text(json.dumps({"format": 1, "step": 2, "files": {"0": {"file": "state.pt", "state_sha256": rec["sha256"]}}}))
+    incomplete = tmp_path / "saved" / "step4"
+    writer.after_index(str(incomplete), 4, 30.0)
+    t0 = time.monotonic()
+    assert writer.finish(30.0) and time.monotonic() - t0 < 10
+    _same(model, opt, *_restore(task, folder / "dcp"))
+    assert json.loads((folder / "dcp" / "copy.json").read_text())["files"]["0"] == {"file": "../state.pt", "state_sha256": rec["sha256"]}
+    assert not (incomplete / "dcp").exists()

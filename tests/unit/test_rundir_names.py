@@ -28,7 +28,7 @@ PACKAGE = os.path.dirname(os.path.abspath(ckptless_hpc.__file__))
 
 FILES = {
     paths.EVENTS, paths.SUMMARY, paths.RESTART, paths.JOB, paths.COORDINATOR_LOG, paths.INDEX, paths.MODEL, paths.EMERGENCY,
-    paths.STATE_FILE, paths.REPORT, paths.ZYGOTE_LOG, paths.HYDRA_CONFIG, paths.HYDRA_OVERRIDES,
+    paths.STATE_FILE, paths.REPORT, paths.ZYGOTE_LOG, paths.HYDRA_CONFIG, paths.HYDRA_OVERRIDES, paths.DCP_SOURCE,
 }
 FOLDERS = {paths.LOGS, paths.HYDRA, paths.SUBMITIT, paths.STATE, paths.SAVED, paths.FINAL, paths.TENSORBOARD}
 
