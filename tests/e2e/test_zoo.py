@@ -222,9 +222,10 @@ def test_a_pipeline_evaluates_as_the_plain_reference_does_and_a_kill_keeps_its_v
     """parallel=pp with train.eval_every and a task whose loss returns a metric of its own: the
     validation batches go forward through the pipeline, the last stage computes the task's metrics
     (pp_evaluate) and the lead (stage 0 of replica 0, not the last stage) reports them, and every
-    step's metric (the last stage's pp_loss) too: equal to the plain reference's within 1e-5. A last
-    stage killed during training and another during an evaluation: the job ends with the
-    fault-free bits and reports the same values, bitwise."""
+    step's metric (the last stage's pp_loss) too: equal to the plain reference's within 1e-5. A
+    first stage killed during training (its spare learns the metric's name from its last stage)
+    and a last stage killed during an evaluation: the job ends with the fault-free bits and
+    reports the same values, bitwise."""
     cfg = ("~task", "+task._target_=models.llama.LlamaPPMetricsTask", *SHAPE, *MODES["pp"], "train.eval_every=4")
     clean = job(*cfg, *FAST_HB, env=ENV, timeout_s=300)
     assert clean.rc == 0, clean.out[-5000:]
@@ -240,10 +241,10 @@ def test_a_pipeline_evaluates_as_the_plain_reference_does_and_a_kill_keeps_its_v
     assert steps.keys() == want_steps.keys() and all(m is not None and m.keys() == {"accuracy"} for m in steps.values()), steps
     for step, m in steps.items():
         assert abs(m["accuracy"] - want_steps[step]["accuracy"]) <= 1e-5, (step, m, want_steps[step])
-    killed = job(*cfg, *FAST_HB, "fault=kill_worker", "fault.rank=3", "fault.step=5", "fault.schedule=[{kind:kill_worker,rank:1,step:8,at:eval}]", env=ENV, timeout_s=300)
+    killed = job(*cfg, *FAST_HB, "fault=kill_worker", "fault.rank=2", "fault.step=5", "fault.schedule=[{kind:kill_worker,rank:1,step:8,at:eval}]", env=ENV, timeout_s=300)
     assert killed.rc == 0, killed.out[-5000:]
     s = killed.summary
-    assert sorted(s["faults_fired"]) == [0, 1] and [r["failed_ranks"] for r in s["recoveries"]] == [[3], [1]], s
+    assert sorted(s["faults_fired"]) == [0, 1] and [r["failed_ranks"] for r in s["recoveries"]] == [[2], [1]], s
     assert s["final_state_sha256"] == clean.summary["final_state_sha256"]
     assert {e["step"]: e["metrics"] for e in killed.of("eval")} == got
     assert {e["step"]: e.get("metrics") for e in killed.of("step")} == steps
