@@ -67,11 +67,11 @@ class SweepTable(Callback):
                 print(f"{job_id:>10}  {run_dir:<50}  {overrides}")
 
 
-TOOLS = ("report", "status", "logs", "cancel", "export")
+TOOLS = ("report", "status", "logs", "cancel", "drain", "export")
 
 
 def entry() -> None:
-    """``ckptless-hpc [overrides]`` runs a job; ``ckptless-hpc report|status|logs|cancel|export ...`` inspects one."""
+    """``ckptless-hpc [overrides]`` runs a job; ``ckptless-hpc report|status|logs|cancel|drain|export ...`` inspects or acts on one."""
     if len(sys.argv) > 1 and sys.argv[1] in TOOLS:
         from .tools.commands import main as tools_main
 

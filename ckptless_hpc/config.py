@@ -305,6 +305,8 @@ class ClusterConfig:
     """A worker silent this long is declared hung."""
     straggler_factor: float = 3.0
     """A rank this many times slower than the typical rank is reported."""
+    straggler_action: str = "report"
+    """report (an event) | replace (also handed to a hot spare at the next step boundary, its node excluded: docs/failure-semantics.md)."""
     collective_timeout_s: float = 120.0
     """Last-resort bound on one collective (hangs are normally cut by the coordinator)."""
     recovery_timeout_s: float = 60.0
@@ -359,6 +361,13 @@ class ClusterConfig:
             "a job that starts on fewer nodes than its layout is a shrunk job: set cluster.min_nodes to at most cluster.start_nodes, or leave cluster.start_nodes=null",
         )
         need(c.straggler_factor > 1, "cluster.straggler_factor", c.straggler_factor, "must be > 1", "e.g. cluster.straggler_factor=3")
+        need(
+            c.straggler_action in ("report", "replace"),
+            "cluster.straggler_action",
+            c.straggler_action,
+            "must be report or replace",
+            "cluster.straggler_action=report (an event only) or cluster.straggler_action=replace (move a straggler's node to a spare)",
+        )
         ClusterConfig.check_devices(c, need)
         need(c.abort_timeout_s > 0, "cluster.abort_timeout_s", c.abort_timeout_s, "must be > 0", "e.g. cluster.abort_timeout_s=10")
         need(

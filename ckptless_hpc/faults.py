@@ -9,9 +9,10 @@ re-fires it), then acts on itself with a real signal:
 - ``kill_node``: SIGKILL to every process of its node (its process group);
 - ``hang``: SIGSTOP to itself (alive but silent: heartbeats stop, peers block).
 
-A ``slow`` fault (a straggler) fires nothing: for ``duration`` steps from ``step`` the rank
-sleeps after each step's forward and backward, ``factor - 1`` times that compute
-(:func:`straggle_s`), never its waits on peers (:func:`compute_s`).
+A ``slow`` fault (a straggler) kills nothing: for ``duration`` steps from ``step`` the process
+that held the rank when it fired sleeps after each step's forward and backward, ``factor - 1``
+times that compute (:func:`straggle_s`), never its waits on peers (:func:`compute_s`). It is that
+process that is slow, as a bad node's would be: a spare that takes the rank over is healthy.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ class Recovery:
     survivors_restarted: int = 0  # survivors whose process is not the one launched for them (continuity.py)
     survivors_checked: int = 0  # survivors whose process identity was measured from outside
     attempts: int = 1
+    planned: Optional[Dict[str, Any]] = None  # a planned move (coordinator/moves.py): kind, boundary step, reason
 
     def report(self) -> Dict[str, Any]:
         d = asdict(self)

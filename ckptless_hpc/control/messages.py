@@ -433,8 +433,14 @@ def assign(
 
 @dataclass(frozen=True)
 class Abort(_Message):
+    """Abandon the in-flight step and answer ``held`` for generation ``gen``. ``at_step`` (a
+    planned move, coordinator/moves.py): finish the steps before that one first, abandon none,
+    and hold there (a rank already past it holds at its own committed step)."""
+
     TYPE: ClassVar[str] = "abort"
+    _OMIT: ClassVar[FrozenSet[str]] = frozenset({"at_step"})
     gen: int
+    at_step: Optional[int] = None
 
 
 @dataclass(frozen=True)

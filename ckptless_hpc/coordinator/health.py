@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable, List, Mapping, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Tuple
 
 from ..metrics import DelayHistogram
 from .detector import StallMeter, StragglerWatch, StragglerWindow, silent_workers
@@ -32,16 +32,18 @@ class Health:
         at = {w.wid: w.seen_stall for w in live}
         return silent_workers(now, seen, seen.keys(), self.timeout_s, self.stalls.stalled_s, at, unread)
 
-    def report_stragglers(self, ranks: Mapping[int, str], workers: Mapping[str, Any], emit: Callable[..., Any]) -> None:
-        """Stragglers are reported, never failed: an event when a rank becomes one and when it recovers."""
+    def report_stragglers(self, ranks: Mapping[int, str], workers: Mapping[str, Any], emit: Callable[..., Any]) -> Tuple[Dict[int, float], List[int]]:
+        """Stragglers are reported, never failed: an event when a rank becomes one and when it
+        recovers; (ranks newly slow -> ratio, ranks no longer slow), for cluster.straggler_action."""
         active = {r: w for r, w in ranks.items() if workers[w].role == "active"}
         slow, cleared = self.straggler_watch.judge(active)
         for r, ratio in slow.items():
             emit("straggler", workers[active[r]], ratio=round(ratio, 2), compute_s=self.straggling.times[active[r]], window=self.straggling.size)
-            log.warning("rank %d is a straggler: %.1fx slower than the typical rank (reported, not failed)", r, ratio)
+            log.warning("rank %d is a straggler: %.1fx slower than the typical rank", r, ratio)
         for r in cleared:
             if r in ranks:
                 emit("straggler_recovered", workers[ranks[r]])
+        return slow, cleared
 
     async def watch(self, clock: Callable[[], float], interval_s: float, stopping: Callable[[], bool], judge: Callable[[float], None], emit: Callable[..., Any]) -> None:
         """Every ``interval_s`` until ``stopping()``: measure the loop's own stall, then ``judge(now)``

@@ -14,8 +14,9 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..faults import KILLS, spare_fault_due
 from .membership import RECOVER, Membership, loss_kind
+from .moves import GROW, MoveRules, boundary_step
 from .stall import StallWatch
-from .recovery import GiveUp, NewGeneration, Options as RecoveryOptions, RecoveryMachine, Reformed
+from .recovery import GiveUp, NewGeneration, Options as RecoveryOptions, Planned, RecoveryMachine, Reformed
 from .verdicts import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP, startup_timeout
 
 
@@ -89,10 +90,11 @@ class Options:
     spare_nodes: int
     recovery: RecoveryOptions
     stall_timeout_s: Optional[float] = None  # train.stall_timeout_s (null: from the step time, stall.py)
+    total_steps: int = 1 << 62  # train.steps: no move is planned at or past the last step
 
     @classmethod
-    def from_cluster(cls, c: Any, stall_timeout_s: Optional[float] = None) -> "Options":
-        return cls(float(c.startup_timeout_s), bool(c.refill_spares), int(c.spare_nodes), RecoveryOptions.from_cluster(c), stall_timeout_s)
+    def from_cluster(cls, c: Any, stall_timeout_s: Optional[float] = None, total_steps: int = 1 << 62) -> "Options":
+        return cls(float(c.startup_timeout_s), bool(c.refill_spares), int(c.spare_nodes), RecoveryOptions.from_cluster(c), stall_timeout_s, int(total_steps))
 
 
 class JobMachine:
@@ -113,6 +115,9 @@ class JobMachine:
         self._injected: Set[int] = set()
         self.doomed: Set[str] = set()  # spares told to fire a fault: never promoted (their death may land late)
         self.stall = StallWatch(opts.stall_timeout_s)  # a job that commits no step while it trains
+        self.moves = MoveRules()  # drains and stragglers to hand to spares at a step boundary (moves.py)
+        self.step: Optional[int] = None  # the newest committed step heard of (rank 0's metrics), and the step time
+        self.step_s: Optional[float] = None
 
     @property
     def stopping(self) -> bool:
@@ -133,6 +138,7 @@ class JobMachine:
             or self.fatal is not None
             or self.all_done()
             or self.grow_due()
+            or bool(self.moves.wanted and self._moves_due())
         )
 
     def recovery_settled(self) -> bool:
@@ -179,11 +185,14 @@ class JobMachine:
         if self.save_requested and not self.all_done():
             self.phase = Phase.SAVING
             return [SaveAndRequeue(self.save_requested)], "save requested (preemption or time limit)"
-        growing = not (self.pending or self.reform_requested) and self.grow_due()
-        if self.pending or self.reform_requested or growing:
+        if self.pending or self.reform_requested:
             self.phase = Phase.RECOVERING
-            # a grow-back is caused by no fault: its record's times start now, not at a recent kill
-            self.recovery = RecoveryMachine(self.members, self.layout, self.opts.recovery, self.gen, self.doomed, () if growing else self.fault_times)
+            self.recovery = RecoveryMachine(self.members, self.layout, self.opts.recovery, self.gen, self.doomed, self.fault_times)
+            return self._recovering(now, False)
+        planned = self._planned_move()
+        if planned is not None:  # a grow-back or a move the job chose: at a step boundary, nothing aborted
+            self.phase = Phase.RECOVERING
+            self.recovery = RecoveryMachine(self.members, self.layout, self.opts.recovery, self.gen, self.doomed, (), planned)
             return self._recovering(now, False)
         if self.all_done():
             self.phase = Phase.SAVING
@@ -210,7 +219,10 @@ class JobMachine:
         return out, f"recovering ({m.phase})"
 
     def _leave(self, out: List[Any]) -> List[Any]:
-        self.recovery = None
+        m, self.recovery = self.recovery, None
+        if m is not None and m.fell_back and m.planned is not None:  # a failure called the move off: asked again, for the next boundary
+            for r in m.planned.requests:
+                self.moves.ask(r.node, r.kind, r.reason, self.members.active_nodes, self.members.bad_nodes)
         return out + [LeaveRecovery()]
 
     def adopt(self, a: NewGeneration) -> None:
@@ -288,9 +300,63 @@ class JobMachine:
         """Ranks no process trains on its own: those a job that shrank dealt to its survivors (0 when whole)."""
         return max(0, self.world - len(self.members.ranks))
 
+    # ---------------------------------------------------------------- planned moves (moves.py)
+    def committed(self, step: int, step_s: Optional[float]) -> None:
+        """Rank 0 committed ``step`` (its step time, when known): where a move's boundary counts from."""
+        if self.step is None or step >= self.step:
+            self.step, self.step_s = step, step_s if step_s and step_s > 0 else self.step_s
+
+    def _boundary(self) -> Optional[int]:
+        if self.step is None:
+            return None
+        return boundary_step(self.step, self.step_s, self.opts.total_steps)
+
+    def request_move(self, node: str, kind: str, reason: str) -> Optional[str]:
+        """A drain or a straggler to move at the next boundary; a reason when it is refused."""
+        if self.stopping:
+            return "the job is ending"
+        return self.moves.ask(node, kind, reason, self.members.active_nodes, self.members.bad_nodes)
+
+    def _usable_spare_nodes(self) -> int:
+        m = self.members
+        return len({sp.node for sp in m.spares() if sp.ready and sp.worker not in self.doomed and sp.node not in m.bad_nodes})
+
+    def _moves_due(self) -> list:
+        """The requested moves a built spare node can take now (none while a failure waits, in a
+        shrunk job, or with the job's end too near for a boundary). O(nodes) when one is asked."""
+        if self.phase is not Phase.TRAINING or self.pending or self.vacant or self.all_done() or self._boundary() is None:
+            return []
+        m = self.members
+        on_node: Dict[str, int] = {}
+        for w in m.ranks.values():
+            rec = m.workers[w]
+            if rec.role == "active":
+                on_node[rec.node] = on_node.get(rec.node, 0) + 1
+        for node in [n for n in self.moves.wanted if on_node.get(n, 0) == 0]:  # its ranks failed meanwhile: a recovery took them
+            self.moves.drop(node)
+        return self.moves.due(self._usable_spare_nodes(), on_node)
+
+    def _planned_move(self) -> Optional[Planned]:
+        """A grow-back due, or the moves due, as one planned recovery at the next boundary."""
+        boundary = self._boundary()
+        if boundary is None:
+            return None
+        lead = (boundary - (self.step or 0)) * (self.step_s or 0.0) * 2  # the ranks' time to get there, with room for a slow step
+        if self.grow_due():
+            return Planned(GROW, (f"{self.vacant} rank(s) without a process of their own and a spare built",), boundary, (), lead)
+        due = self._moves_due()
+        if not due:
+            return None
+        ranks_of: Dict[str, list] = {}
+        for r, w in self.members.ranks.items():
+            ranks_of.setdefault(self.members.workers[w].node, []).append(r)
+        self.moves.taken(due, ranks_of)
+        kind = due[0].kind if len({r.kind for r in due}) == 1 else "+".join(sorted({r.kind for r in due}))
+        return Planned(kind, tuple(f"node {r.node}: {r.reason}" for r in due), boundary, tuple(r.node for r in due), lead, tuple(due))
+
     def grow_due(self) -> bool:
         """A job that shrank has a built spare: re-form (with no failure) to hand it ranks back
         (the recovery's plan promotes it, recovery.py). O(1) unless the job is shrunk."""
-        if not self.vacant or self.opts.recovery.min_nodes is None or self.phase is not Phase.TRAINING or self.all_done():
+        if not self.vacant or self.opts.recovery.min_nodes is None or self.phase is not Phase.TRAINING or self.all_done() or self._boundary() is None:
             return False
         return any(sp.ready and sp.worker not in self.doomed and sp.node not in self.members.bad_nodes for sp in self.members.spares())

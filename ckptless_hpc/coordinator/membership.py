@@ -19,7 +19,7 @@ class WorkerRec:
     wid: str
     node: str
     local: int
-    role: str  # active | spare | dead
+    role: str  # active | spare | leaving (a planned move's: holds and serves its state until the move is done) | dead
     writer: Any = None
     pid: Optional[int] = None
     host: Optional[str] = None
@@ -41,7 +41,7 @@ SPARE_LOST = "spare_lost"  # an idle spare died: its node is excluded, the pool 
 
 
 def loss_kind(was_role: str, training_started: bool) -> str:
-    if was_role == "active":
+    if was_role in ("active", "leaving"):  # a worker lost while a planned move takes its rank: an ordinary recovery now
         return RECOVER if training_started else FATAL_AT_STARTUP
     return SPARE_LOST
 
@@ -96,8 +96,23 @@ class Membership:
         return {r: w for r, w in self.ranks.items() if self.workers[w].role == "active"}
 
     def failed(self) -> Set[str]:
-        """Workers holding a rank that died."""
-        return {w for w in self.ranks.values() if self.workers[w].role == "dead"}
+        """Workers holding a rank that died, or that a planned move takes from them (leaving)."""
+        return {w for w in self.ranks.values() if self.workers[w].role in ("dead", "leaving")}
+
+    def leave(self, node: str) -> List[str]:
+        """A planned move: ``node``'s ranks go to a spare. Its workers keep their state (they
+        serve it) until the move is done (``release``); the recovery replaces them as failed."""
+        out = [w for w in self.ranks.values() if self.workers[w].node == node and self.workers[w].role == "active"]
+        for w in out:
+            self.workers[w].role = "leaving"
+        return out
+
+    def release(self, wids: List[str]) -> List[str]:
+        """The move is done: the leaving workers still alive are dead to the job (stopped, not lost)."""
+        out = [w for w in wids if self.workers[w].role == "leaving"]
+        for w in out:
+            self.workers[w].role = "dead"
+        return out
 
     def spares(self) -> List[Spare]:
         return [Spare(w.wid, w.node, w.built) for w in self.workers.values() if w.role == "spare"]

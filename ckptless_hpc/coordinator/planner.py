@@ -147,6 +147,7 @@ def plan_sharded_recovery(
     bad_nodes: Set[str],
     max_sources: int = MAX_SOURCES,
     elastic: Optional[Elastic] = None,
+    donors: Iterable[str] = (),
 ) -> Tuple[Optional[Plan], str]:
     """As :func:`plan_recovery`, for sharded state: the target is the newest step at which every
     shard is held by a survivor (its owner's live state or snapshot, a holder's copy, a replica
@@ -154,7 +155,8 @@ def plan_sharded_recovery(
     it from the workers that do. (None, why) when a shard is lost (owner and holders) or no
     spare is left. ``elastic`` (ZeRO): the ranks no spare fills go to survivors
     (rundir/numbering.py ``trained_by``), each of which steps their shards too, fetched where
-    it holds no copy (``Plan.adopted``)."""
+    it holds no copy (``Plan.adopted``). ``donors``: workers that give up their ranks alive (a
+    planned move's, moves.py): they serve what they hold, their own shard first among it."""
     from ..state.placement import plan_shards
 
     survivors = {r: w for r, w in ranks.items() if w not in failed}
@@ -166,7 +168,7 @@ def plan_sharded_recovery(
         return None, shrunk
     new_ranks = dict(survivors)
     new_ranks.update(promoted)
-    alive = {w: inventories.get(w, {}) for w in survivors.values()}
+    alive = {w: inventories.get(w, {}) for w in [*survivors.values(), *donors]}
     world = elastic.world if elastic is not None else len(ranks)
     shards, why = plan_shards(trained_by(new_ranks, world), shard_of_rank, alive, max_sources)
     if shards is None:

@@ -145,6 +145,7 @@ class Reader:
     def _metrics(self, rec: WorkerRec, m: Metrics) -> None:
         now = self.record.clock()
         self.job.stall.committed(m.step, now, m.step_s)
+        self.job.committed(m.step, m.step_s)  # a planned move's boundary counts from here
         back = self.telemetry.step(m, now)
         extra = {"metrics": m.metrics} if m.metrics else {}
         self.emit("step", rec, step=m.step, loss=m.loss, lr=m.lr, grad_norm=m.grad_norm, step_s=m.step_s, skipped=m.skipped, at=now, **extra)
@@ -158,7 +159,22 @@ class Reader:
             if back.refills:
                 self.refill()
             rep = back.recovery.report()
-            self.emit("resumed", rec, step=m.step, downtime_s=rep["downtime_s"], at=now)
+            planned = rep.get("planned")
+            if planned and not planned.get("called_off"):  # a planned move, shown apart from recoveries
+                self.emit(
+                    "moved",
+                    rec,
+                    step=m.step,
+                    downtime_s=rep["downtime_s"],
+                    kind=planned["kind"],
+                    planned_step=planned["step"],
+                    nodes=rep["failed_nodes"],
+                    ranks=rep["failed_ranks"],
+                    reason=planned["reason"],
+                    at=now,
+                )
+            else:
+                self.emit("resumed", rec, step=m.step, downtime_s=rep["downtime_s"], at=now)
             self.telemetry.resumed(m.step, rep)
         self.telemetry.show(m, now, self.record.t_train, len(self.record.recoveries), self.job.gen)
 

@@ -30,6 +30,7 @@ class RunRecord:
         self.final: Optional[Dict[str, Any]] = None  # train.save_final: what the final save wrote
         self.resume: Optional[Dict[str, Any]] = None  # emergency copy to start from (after a requeue)
         self.recoveries: List[Recovery] = []
+        self.moves: List[Recovery] = []  # planned moves (coordinator/moves.py): drains, stragglers replaced, grow-backs
         self.degraded = Degraded()  # a job that shrank: when it trained with fewer processes than ranks
         self.summary: Dict[str, Any] = {}
 
@@ -106,6 +107,7 @@ def summary(
         "faults_fired": sorted(job.faults_done),
         "excluded_nodes": sorted(job.members.bad_nodes),
         "recoveries": [x.report() for x in r.recoveries],
+        "moves": [x.report() for x in r.moves],
         "heartbeat_delay": h.hb_delay.report(),  # the workers' clocks against ours: exact on one machine only
         "coordinator_stalls": {"total_s": round(h.stalls.stalled_s, 3), "worst_s": round(h.stalls.worst_s, 3)},
         "skipped_steps": dict(t.skipped),

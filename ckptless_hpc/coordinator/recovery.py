@@ -78,6 +78,28 @@ class Emit:
 class Abort:
     workers: Tuple[str, ...]
     gen: int
+    at_step: Optional[int] = None  # a planned move: hold once this step is committed, abandon nothing
+
+
+@dataclass(frozen=True)
+class Release:
+    """A planned move is done: these workers (alive, their ranks handed over) stop; their nodes are excluded."""
+
+    workers: Tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A recovery the job chose (moves.py): ``nodes``' ranks go to spares (none for a grow-back)
+    at the boundary ``step``; ``kind``: drain | straggler | grow."""
+
+    kind: str
+    reasons: Tuple[str, ...]
+    step: int
+    nodes: Tuple[str, ...] = ()
+    lead_s: float = 0.0  # the time the ranks need to reach the boundary (added to the hold's bound)
+    requests: Tuple[Any, ...] = ()  # moves.Request of each node: asked again if a failure calls the move off
 
 
 @dataclass(frozen=True)
@@ -115,7 +137,7 @@ class Reformed:
     plan: Plan
 
 
-Action = Union[NewGeneration, Exclude, Emit, Abort, Lose, Assign, ReleaseCommands, GiveUp, Reformed]
+Action = Union[NewGeneration, Exclude, Emit, Abort, Release, Lose, Assign, ReleaseCommands, GiveUp, Reformed]
 
 
 @dataclass
@@ -138,8 +160,20 @@ class RecoveryMachine:
     when needed, so the shell may add to them meanwhile.
     """
 
-    def __init__(self, members: Membership, layout: Layout, opts: Options, gen: int, doomed: Set[str] = frozenset(), fault_times: Sequence[float] = ()) -> None:  # type: ignore[assignment]
+    def __init__(
+        self,
+        members: Membership,
+        layout: Layout,
+        opts: Options,
+        gen: int,
+        doomed: Set[str] = frozenset(),
+        fault_times: Sequence[float] = (),
+        planned: Optional[Planned] = None,  # type: ignore[assignment]
+    ) -> None:
         self.members, self.layout, self.opts = members, layout, opts
+        self.planned = planned  # a move the job chose: its first generation holds at a boundary, no step aborted
+        self.leaving: List[str] = []  # the planned move's workers: they hold and serve their state, then are released
+        self.fell_back = False  # a failure came during the planned move: this is an ordinary recovery now
         self.gen = gen
         self.doomed, self.fault_times = doomed, fault_times
         self.phase = HOLD
@@ -189,6 +223,8 @@ class RecoveryMachine:
             self._failures.update(failures)
         if self._failures and self._folds():
             return self._fold(now)
+        if self.planned is not None and self.record is None and not self._failures and not self.fell_back:
+            return self._hold_at_boundary(now)
         if self._failures or self._again:
             return self._bump(now)
         if not self._waiting() and (self.deadline is None or now < self.deadline):
@@ -206,17 +242,65 @@ class RecoveryMachine:
         out: List[Action] = [Exclude(workers[w].node, f"worker {w} failed: {reason}") for w, (reason, _) in failures.items()]
         if self.record is not None:
             self.record.attempts += 1
+        if self.planned is not None and not self.fell_back:  # a failure during a planned move: the move is off, the failure recovered from
+            self._call_off()
         failed_ranks = self._note(failures, now)
         self.gen += 1
         self._tally = _Tally()
         self._survivors = self.members.survivors()
         held = self._tally.held
-        self._enter(HOLD, Arrivals(self._survivors.values(), held.__contains__), now + self.opts.recovery_timeout_s)
+        holding = [*self._survivors.values(), *self._leaving_alive()]  # a planned move that failed: its leaving workers still serve
+        self._enter(HOLD, Arrivals(holding, held.__contains__), now + self.opts.recovery_timeout_s)
         return out + [
             NewGeneration(self.gen),
             Emit("generation_bumped", None, {"failed_ranks": failed_ranks, "survivors": len(self._survivors)}),
-            Abort(tuple(self._survivors.values()), self.gen),
+            Abort(tuple(holding), self.gen),
         ]
+
+    def _call_off(self, why: Optional[str] = None) -> None:
+        """The planned move is off: its leaving workers keep their ranks (the job asks for the
+        move again once it trains: job.py). A failure came (``why`` None): an ordinary recovery
+        from here, its record the failure's own. No plan for it (``why``: the spare went meanwhile):
+        the ranks re-form where they are, at the boundary, and the move's record says why."""
+        self.fell_back = True
+        for w in self._leaving_alive():
+            self.members.workers[w].role = "active"
+        self.leaving = []
+        if why is None:
+            self.record = None
+        elif self.record is not None:
+            self.record.planned = {**(self.record.planned or {}), "called_off": why}
+            self.record.failed_ranks, self.record.failed_nodes, self.record.failed_workers = [], [], []
+
+    def _leaving_alive(self) -> List[str]:
+        return [w for w in self.leaving if self.members.workers[w].role == "leaving"]
+
+    def _hold_at_boundary(self, now: float) -> List[Action]:
+        """A planned move's first generation: every rank (the leaving ones too: they serve their
+        state) finishes the steps before the boundary and holds there; nothing is aborted."""
+        p = self.planned
+        assert p is not None
+        self._again = False
+        m = self.members
+        self.leaving = [w for node in p.nodes for w in m.leave(node)]
+        moved = sorted(m.workers[w].rank for w in self.leaving)  # type: ignore[type-var]
+        self.gen += 1
+        self.record = Recovery(
+            self.gen,
+            moved,
+            sorted(p.nodes),
+            list(self.leaving),
+            list(p.reasons),
+            t_fail=now,
+            t_detect=now,
+            planned={"kind": p.kind, "step": p.step, "reason": "; ".join(p.reasons)},
+        )
+        self._tally = _Tally()
+        self._survivors = m.survivors()
+        holding = [*self._survivors.values(), *self.leaving]
+        self._enter(HOLD, Arrivals(holding, self._tally.held.__contains__), now + self.opts.recovery_timeout_s + p.lead_s)
+        fields = {"kind": p.kind, "step": p.step, "nodes": list(p.nodes), "ranks": moved, "reason": "; ".join(p.reasons)}
+        return [NewGeneration(self.gen), Emit("move_planned", None, fields), Abort(tuple(holding), self.gen, at_step=p.step)]
 
     def _folds(self) -> bool:
         """Are the new failures more of this recovery's lost nodes, seen while the survivors still
@@ -235,7 +319,7 @@ class RecoveryMachine:
         for w in failures:  # held, then died: nothing it holds is planned with
             held.pop(w, None)
         self._survivors = self.members.survivors()
-        self._waiting = Arrivals(self._survivors.values(), held.__contains__)
+        self._waiting = Arrivals([*self._survivors.values(), *self._leaving_alive()], held.__contains__)
         nodes = sorted({self.members.workers[w].node for w in failures})
         return [Emit("failure_folded", None, {"failed_ranks": failed_ranks, "nodes": nodes, "survivors": len(self._survivors)})]
 
@@ -268,11 +352,16 @@ class RecoveryMachine:
     def _after_hold(self, now: float) -> List[Action]:
         held = self._tally.held
         if not self._waiting():  # timed out
-            late = [w for w in self._survivors.values() if w not in held]
+            late = [w for w in [*self._survivors.values(), *self._leaving_alive()] if w not in held]
             why = f"did not hold within cluster.recovery_timeout_s={self.opts.recovery_timeout_s:g}s"
             return self._again_after([Lose(w, why) for w in late])
         held_steps = {w: m.step for w, m in held.items()}
+        if self.planned is not None and not self.fell_back and self.record is not None and self.record.attempts == 1:
+            self.record.t_fail = self.record.t_detect = now  # a move's downtime starts when the last rank held at the boundary
         plan, reason = self._plan(held_steps)
+        if plan is None and self.planned is not None and not self.fell_back and self.leaving:
+            self._call_off(reason)  # never give a job up for a move it chose
+            plan, reason = self._plan(held_steps)
         if plan is None:
             self.phase = GAVE_UP
             lost = reason.startswith(LOST)
@@ -298,7 +387,8 @@ class RecoveryMachine:
         spares = [sp for sp in m.spares() if sp.worker not in self.doomed]
         elastic = None if self.opts.min_nodes is None else Elastic(self.opts.world, self.opts.min_nodes, {w: m.workers[w].node for w in m.ranks.values()})
         if self.layout.sharded:
-            return plan_sharded_recovery(m.ranks, m.failed(), inventories(self._tally.held), self.layout.shard_of, spares, m.active_nodes, m.bad_nodes, elastic=elastic)
+            inv = inventories(self._tally.held)
+            return plan_sharded_recovery(m.ranks, m.failed(), inv, self.layout.shard_of, spares, m.active_nodes, m.bad_nodes, elastic=elastic, donors=self._leaving_alive())
         return plan_recovery(m.ranks, m.failed(), held_steps, spares, m.active_nodes, m.bad_nodes, elastic=elastic)
 
     def _assign(self, now: float) -> List[Action]:
@@ -344,4 +434,9 @@ class RecoveryMachine:
         rec.replacements.update({str(r): w for r, w in plan.promoted.items() if r in self.members.ranks})  # a grow-back: ranks no process held
         rec.transfer_s = max([f.seconds for f in t.fetched], default=0.0)
         rec.bytes_transferred = sum(f.bytes for f in t.fetched)
-        return [Reformed(rec, plan)]
+        out: List[Action] = []
+        p = self.planned
+        if p is not None and p.nodes and not self.fell_back:  # a planned move: the workers that handed their ranks over stop, their nodes are not used again
+            why = f"{p.kind}: " + "; ".join(p.reasons)
+            out += [Release(tuple(self._leaving_alive()), why)] + [Exclude(n, f"moved off at step {plan.target_step} ({why})") for n in p.nodes]
+        return out + [Reformed(rec, plan)]  # the last: the job machine leaves the recovery with it

@@ -71,7 +71,7 @@ class Reformer:
 
     def reformed(self, rec: Any, plan: Any) -> None:
         survivors = self._survivor_continuity(rec)
-        self.record.recoveries.append(rec)
+        (self.record.moves if rec.planned else self.record.recoveries).append(rec)  # a planned move is no recovery (summary.json keeps them apart)
         self.record.degraded.reformed(plan.target_step, rec.t_ready, len(self.ranks), self.job.world)
         self.emit(
             "reformed",

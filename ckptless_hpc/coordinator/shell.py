@@ -32,10 +32,12 @@ from . import host, scheduler_log
 from .health import Health
 from .job import Complete, Finish, Inputs, JobMachine, LeaveRecovery, Options as JobOptions, Phase, SaveAndRequeue, StartTraining, StopNonfinite
 from .membership import FATAL_AT_STARTUP, RECOVER, Membership, WorkerRec
+from .moves import DRAIN, STRAGGLER
+from ..rundir import requests
 from .planner import by_node, initial_ranks
 from .record import RunRecord, log_tail, summary
 from .reader import Reader
-from .recovery import Abort, Assign, Emit, Exclude, Lose, NewGeneration, Reformed, ReleaseCommands
+from .recovery import Abort, Assign, Emit, Exclude, Lose, NewGeneration, Reformed, Release, ReleaseCommands
 from .reform import Reformer
 from .saving import Saver
 from .sharding import Layout
@@ -81,7 +83,9 @@ class Coordinator:
     def from_config(cls, cfg: Any, run_dir: str, launcher: Any, secret: str, job_id: str, clock: Callable[[], float] = time.time) -> "Coordinator":
         c = cfg.cluster
         layout = Layout(cfg)
-        job = JobMachine(Membership(c.workers_per_node), layout, Shape.of(cfg).world, JobOptions.from_cluster(c, cfg.train.get("stall_timeout_s")), faults_from_config(cfg))
+        job = JobMachine(
+            Membership(c.workers_per_node), layout, Shape.of(cfg).world, JobOptions.from_cluster(c, cfg.train.get("stall_timeout_s"), cfg.train.steps), faults_from_config(cfg)
+        )
         record = RunRecord.from_config(cfg, run_dir, job_id, clock, layout.shards, layout.mode)
         health = Health.from_cluster(c, clock())
         control = ControlServer(job.members.workers, secret, clock, health.stalls, health.straggling, health.hb_delay)
@@ -199,7 +203,41 @@ class Coordinator:
     def _judge(self, now: float) -> None:
         """Once per heartbeat interval: who is silent (lost), who straggles (reported)."""
         self._judge_silence(now)
-        self.health.report_stragglers(self.ranks, self.workers, self._emit)
+        slow, cleared = self.health.report_stragglers(self.ranks, self.workers, self._emit)
+        if self.cfg.cluster.straggler_action == "replace":
+            self._replace_stragglers(slow, cleared)
+        self._take_requests()
+
+    def _replace_stragglers(self, slow: Dict[int, float], cleared: List[int]) -> None:
+        """cluster.straggler_action=replace: a straggler's node is moved to a spare at the next
+        boundary (moves.py: once per rank; it waits for a spare while none is built)."""
+        for r, ratio in slow.items():
+            rec = self.workers[self.ranks[r]]
+            got = self.job.moves.straggler(r, rec.node, ratio, self.health.straggling.size)
+            refused = "moved once already: the slowness went with the rank, not its node" if got is None else self.job.request_move(rec.node, STRAGGLER, got[1])
+            self._emit("straggler_action", rec, action="kept" if refused else "replace", reason=refused or got[1])  # type: ignore[index]
+            if not refused:
+                log.warning("rank %d (node %s) straggles: moving its node to a spare at the next step boundary (cluster.straggler_action=replace)", r, rec.node)
+                self._notify()
+        for r in cleared:  # no longer slow before it moved: stays
+            w = self.ranks.get(r)
+            req = self.job.moves.wanted.get(self.workers[w].node) if w else None
+            if req is not None and req.kind == STRAGGLER:
+                self.job.moves.drop(req.node)
+                self._emit("straggler_action", self.workers[w], action="kept", reason="no longer slow before its move")
+
+    def _take_requests(self) -> None:
+        """``ckptless-hpc drain``'s requests in the run directory (rundir/requests.py): a move each."""
+        for req in requests.take(self.record.paths.requests):
+            node, reason = str(req.get("node")), str(req.get("reason") or "drained by ckptless-hpc drain")
+            refused = req.get("error") or (None if req.get("kind") == DRAIN else f"unknown request {req.get('kind')!r}")
+            refused = refused or self.job.request_move(node, DRAIN, reason)
+            self._emit("drain_requested", node=node, reason=reason, refused=refused, request=req.get("file"))
+            if refused:
+                log.warning("drain of node %s refused: %s", node, refused)
+            else:
+                log.info("drain of node %s requested (%s): its ranks move to a spare at the next step boundary", node, reason)
+                self._notify()
 
     def _judge_silence(self, now: float) -> None:
         # still building (importing torch, building the model on a loaded machine): its
@@ -357,7 +395,15 @@ class Coordinator:
         elif isinstance(a, Emit):
             self._emit(a.event, self.workers[a.worker] if a.worker else None, **a.fields)
         elif isinstance(a, Abort):
-            self.control.broadcast(a.workers, messages.Abort(a.gen).encode())
+            self.control.broadcast(a.workers, messages.Abort(a.gen, a.at_step).encode())
+        elif isinstance(a, Release):
+            for wid in self.members.release(list(a.workers)):  # dead to the job first: their exit is no failure
+                rec = self.workers[wid]
+                self._emit("worker_released", rec, reason=a.why)
+                if rec.writer is not None:
+                    self.control.send(rec, Stop().encode())
+                else:
+                    self.launcher.kill_worker(wid)
         elif isinstance(a, Lose):
             self._lost(self.workers[a.worker], a.why)
         elif isinstance(a, Assign):

@@ -56,8 +56,10 @@ class Telemetry:
     def resumed(self, step: int, report: Dict[str, Any]) -> None:
         if self.tensorboard is not None:
             self.tensorboard.recovery(step, report)
+        planned = report.get("planned")
         log.info(
-            "recovered: downtime %.2fs (detect %.2f, reconfigure %.2f, transfer %.2f, resume %.2f)",
+            ("moved (%s, planned at step %d): " % (planned["kind"], planned["step"]) if planned and not planned.get("called_off") else "re-formed: " if planned else "recovered: ")
+            + "downtime %.2fs (detect %.2f, reconfigure %.2f, transfer %.2f, resume %.2f)",
             report["downtime_s"],
             report["detect_s"],
             report["reconfigure_s"],

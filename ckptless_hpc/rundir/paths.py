@@ -59,6 +59,7 @@ STATE = "state"
 SAVED = "saved"
 FINAL = "final"
 TENSORBOARD = "tensorboard"
+REQUESTS = "requests"  # what a user asks of a running job (``ckptless-hpc drain``): one file per request (rundir/requests.py)
 
 #: Files that make a directory a run directory: events (the coordinator started), the summary
 #: (it ended), job.json (a Slurm job was submitted and may still be pending).
@@ -131,6 +132,11 @@ class RunPaths:
 
     def is_run_dir(self) -> bool:
         return any(os.path.exists(p) for p in self.markers)
+
+    @property
+    def requests(self) -> str:
+        """requests/: ``ckptless-hpc drain``'s requests, taken by the coordinator (rundir/requests.py)."""
+        return self._join(REQUESTS)
 
     # --- logs
     @property

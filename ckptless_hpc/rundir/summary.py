@@ -41,6 +41,7 @@ FIELDS: Dict[str, str] = {
     "faults_fired": "indices of the schedule's faults that fired, as the workers reported them",
     "excluded_nodes": "nodes never used again",
     "recoveries": "one record per recovery: what failed, what replaced it, each phase's seconds (metrics.Recovery.report)",
+    "moves": "one record per planned move (a drain, a straggler replaced, a grow-back: coordinator/moves.py), as a recovery's, with planned: kind, boundary step, reason",
     "heartbeat_delay": "the workers' heartbeat delays against the coordinator's clock (exact on one machine only)",
     "coordinator_stalls": "how long the coordinator's loop stalled: {total_s, worst_s}",
     "skipped_steps": "steps skipped for non-finite values",

@@ -145,7 +145,9 @@ def _copy_of_dcp(path: str) -> Tuple[List[str], Dict[str, Any]]:
     the index (each file's state sha256, the step)."""
     source = dcp.read_source(path)
     if source is None:
-        raise NoCopyBeside(f"{path} is a DCP checkpoint that names no copy of this job (no {DCP_SOURCE} in it). HINT: resume_from the saved copy it came from; dcp.load reads it (docs/tasks.md)")
+        raise NoCopyBeside(
+            f"{path} is a DCP checkpoint that names no copy of this job (no {DCP_SOURCE} in it). HINT: resume_from the saved copy it came from; dcp.load reads it (docs/tasks.md)"
+        )
     files = [os.path.normpath(os.path.join(path, rec["file"])) for _, rec in sorted(source["files"].items(), key=lambda kv: int(kv[0]))]
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
@@ -185,7 +187,9 @@ def resume_record(path: str, shards: int) -> Dict[str, Any]:
         shas = {i: index["files"][str(i)].get("state_sha256") for i in range(len(files))}
         held = {emergency.step_of(f) for f in files} if dcp.is_checkpoint(path) else {step}
         if held != {step}:  # a DCP folder left beside a copy written over since (a newer emergency copy)
-            raise ExportError(f"{path} is the DCP checkpoint of step {step}, but the copy it names now holds step(s) {sorted(map(str, held))}. HINT: give the copy itself (its folder or file)")
+            raise ExportError(
+                f"{path} is the DCP checkpoint of step {step}, but the copy it names now holds step(s) {sorted(map(str, held))}. HINT: give the copy itself (its folder or file)"
+            )
     else:
         steps = {emergency.step_of(f) for f in files}
         if None in steps or len(steps) != 1:

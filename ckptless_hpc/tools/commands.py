@@ -1,4 +1,4 @@
-"""``ckptless-hpc report|status|logs|cancel``: look at a run directory and act on its job.
+"""``ckptless-hpc report|status|logs|cancel|drain``: look at a run directory and act on its job.
 
 ``cli.entry`` dispatches here. Decisions are pure functions of what the run directory holds
 (:mod:`ckptless_hpc.rundir`) plus what a probe says about processes or Slurm jobs; the probes
@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, TextIO, Tuple
 
+from ..rundir import requests
 from ..rundir.paths import MODEL, RunPaths
 from ..rundir.read import Progress, Run, RunDirError, expand_paths, load_run, progress, rank_history, worker_pids
 
@@ -441,6 +442,39 @@ def cmd_cancel(args: argparse.Namespace, out: TextIO, procs: LocalProcs, queue: 
     return EXIT_OK
 
 
+def cmd_drain(args: argparse.Namespace, out: TextIO, sleep: Callable[[float], None] = time.sleep) -> int:
+    """Ask the job's coordinator (a file in RUN_DIR/requests/, rundir/requests.py) to move NODE's ranks."""
+    run = _load_all([args.run_dir])[0]
+    if run.summary is not None:
+        raise UsageError(f"{run.path}: the job already ended ({run.summary['status']}): nothing to drain")
+    nodes = {e.get("node") for e in run.of("node_started") if e.get("role") == "active"} | {e.get("node") for e in run.of("spare_promoted")}
+    if args.node not in nodes:
+        raise UsageError(
+            f"{run.path}: node {args.node!r} never trained in this job (its training nodes: {', '.join(sorted(n for n in nodes if n)) or 'none yet'}). HINT: name one of those"
+        )
+    path = requests.write(run.paths.requests, "drain", node=args.node, reason=args.reason)
+    print(f"{run.path}: drain of {args.node} requested ({os.path.basename(path)}): its ranks move to a hot spare at the next step boundary", file=out)
+    deadline = time.monotonic() + args.wait_s
+    while time.monotonic() < deadline:
+        now = load_run(run.path)
+        asked = [e for e in now.of("drain_requested") if e.get("request") == os.path.basename(path)]
+        if asked and asked[-1].get("refused"):
+            print(f"{run.path}: refused: {asked[-1]['refused']}", file=out)
+            return EXIT_FAILED
+        moved = [e for e in now.of("moved") if args.node in (e.get("nodes") or ())]
+        if moved:
+            print(f"{run.path}: moved at step {moved[-1].get('planned_step')}: downtime {moved[-1].get('downtime_s')} s", file=out)
+            return EXIT_OK
+        if now.summary is not None:
+            print(f"{run.path}: the job ended ({now.summary['status']}) before the move", file=out)
+            return EXIT_FAILED
+        sleep(0.5)
+    if args.wait_s:
+        print(f"{run.path}: not moved within {args.wait_s:g} s (a spare may still be starting; ckptless-hpc status shows the job)", file=out)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
 def _wait_gone(procs: LocalProcs, pids: Iterable[int], timeout_s: float, sleep: Callable[[float], None]) -> bool:
     """Wait (backing off 0.05 s -> 1 s) until none of ``pids`` is alive."""
     deadline = time.monotonic() + timeout_s
@@ -469,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, description="Inspect and control ckptless_hpc runs. (Without one of these commands, ckptless-hpc runs a job: ckptless-hpc [hydra overrides])"
     )
-    sub = p.add_subparsers(dest="command", required=True, metavar="{report,status,logs,cancel,export}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="{report,status,logs,cancel,drain,export}")
     r = sub.add_parser(
         "report",
         help="text summary and PNG chart of a run; a comparison table of several",
@@ -502,6 +536,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_dir", metavar="RUN_DIR")
     c.add_argument("--force", action="store_true", help="SIGKILL instead of SIGTERM (local)")
     c.add_argument("--timeout-s", type=float, default=15.0, help="how long to wait for the job to stop (default 15)")
+    d = sub.add_parser(
+        "drain",
+        help="move a node's ranks to a hot spare at the next step boundary",
+        description="Hand NODE's ranks to a hot spare at the next step boundary (every rank finishes the steps before it; none is aborted or redone), then stop NODE's workers and exclude it, as for maintenance. Refused (an event says why) for a node the job does not train on; waits for a spare when none is built.",
+    )
+    d.add_argument("run_dir", metavar="RUN_DIR")
+    d.add_argument("node", metavar="NODE", help="a node the job trains on (its events name them: node_started)")
+    d.add_argument("--reason", default="drained by ckptless-hpc drain", help="kept in the events and summary.json's moves")
+    d.add_argument("--wait-s", type=float, default=0.0, help="wait up to this long for the move to be done (or refused); 0: return once asked")
     x = sub.add_parser(
         "export",
         help="the full model of a saved state, as one state_dict file",
@@ -590,6 +633,8 @@ def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout, procs: 
             return cmd_logs(args, out, procs)
         if args.command == "export":
             return cmd_export(args, out)
+        if args.command == "drain":
+            return cmd_drain(args, out)
         return cmd_cancel(args, out, procs, queue)
     except UsageError as e:
         print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)

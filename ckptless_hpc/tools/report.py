@@ -71,6 +71,13 @@ def run_text(run: Run, now: float) -> str:
     lines.append(f"  recoveries      {len(recs)}" + (f", total downtime {_s(total_down)} s" if recs else ""))
     for r in recs:
         lines += recovery_lines(r)
+    moved = run.of("moved")  # planned moves (drains, stragglers replaced, grow-backs): no failure, no step redone
+    if moved:
+        lines.append(f"  planned moves   {len(moved)}, total downtime {_s(sum(float(e.get('downtime_s') or 0.0) for e in moved))} s")
+        lines += [
+            f"      {e.get('kind')} of node(s) {', '.join(e.get('nodes') or []) or '-'} (rank(s) {e.get('ranks')}) at step {e.get('planned_step')}: downtime {_s(e.get('downtime_s'))} s; {e.get('reason')}"
+            for e in moved
+        ]
     shrunk = degraded(run.events)
     if shrunk is not None:
         lines.append(f"  degraded        {_s(shrunk['seconds'])} s with fewer processes than ranks (cluster.min_nodes):")

@@ -146,7 +146,7 @@ class PPStrategy(LocalState):
         if int(engine.cfg.train.get("eval_every", 0) or 0) > 0 and not callable(getattr(engine.task, "pp_evaluate", None)):
             raise ValueError(
                 f"train.eval_every is set with parallel=pp, but {type(engine.task).__name__} has no pp_evaluate(output, target): the pipeline's "
-                "last stage computes the task's metrics on its output. HINT: add pp_evaluate(output, target) -> {\"name\": scalar} "
+                'last stage computes the task\'s metrics on its output. HINT: add pp_evaluate(output, target) -> {"name": scalar} '
                 "(evaluate(model, batch) == pp_evaluate(model(inputs), target) with (inputs, target) = pp_split(batch); examples/llama.py's "
                 "LlamaPPTask has one), or set train.eval_every=0"
             )
@@ -199,7 +199,7 @@ class PPStrategy(LocalState):
         task = self.e.task
         loss, metrics = split_loss(task.pp_loss(output, target), task)
         if not torch.is_tensor(loss):
-            raise ValueError(f"{type(task).__name__}.pp_loss returned a {type(loss).__name__} as its loss, not a tensor. HINT: return the loss tensor, or (loss, {{\"name\": ...}})")
+            raise ValueError(f'{type(task).__name__}.pp_loss returned a {type(loss).__name__} as its loss, not a tensor. HINT: return the loss tensor, or (loss, {{"name": ...}})')
         self._micro_metrics.append(metrics)
         return loss
 

@@ -219,6 +219,8 @@ class Agent:
         msg = m.parse(raw, ON_ARRIVAL)
         if isinstance(msg, m.FaultAck):
             self.faults.ack(msg.index)
+        elif isinstance(msg, m.Abort) and msg.at_step is not None:  # a planned move: hold at that step, abandon nothing before it
+            self.waiter.hold_at(msg.gen, msg.at_step)
         elif isinstance(msg, m.Abort):
             self.waiter.abort(msg.gen)
         elif isinstance(msg, m.Stop):
@@ -309,6 +311,7 @@ class Agent:
         exit_now(EXIT_WORKER_FAILED)
 
     def _on_abort(self, msg: m.Abort) -> None:
+        self.waiter.abort(msg.gen)  # a planned move's hold too: this worker trains no more steps of the older generation
         self.faults.fire_due("recovery", self.standing.step)
         self._send_held(msg.gen, reason=m.HeldReason.ABORT.value)
 

@@ -28,6 +28,7 @@ class FaultInjector:
         self.faults: List[faultlib.Fault] = []
         self.workers_per_node = 1
         self.done: Set[int] = set()  # indices fired (by anyone: the coordinator's faults_done)
+        self.slowing: Set[int] = set()  # the stragglers this process fired: it is the slow one, not whoever takes its rank later
         self._acks: Set[int] = set()  # fault indices the coordinator has recorded as fired
         self._acked = threading.Condition()
         # (thread, its CPU seconds) at the training thread's last mark: where the compute of the
@@ -94,7 +95,8 @@ class FaultInjector:
     def straggle(self, step: int, t0: float) -> None:
         """An injected straggler of ``step`` (called after its forward and backward; ``t0``: the
         step's start, ``time.perf_counter()``): alive, just slow, its compute stretched by the
-        fault's factor; reported once, as it starts.
+        fault's factor; reported once, as it starts. The process that fires it is the slow one
+        (a bad node's): a process that takes the rank over later (a spare after a move) is not.
 
         The sleep is ``factor - 1`` times the step's compute (faults.compute_s: the CPU seconds
         this thread spent since its last mark, at most the wall time since ``t0``), not the wall
@@ -105,7 +107,9 @@ class FaultInjector:
         wait would then stall the peers on it in turn."""
         elapsed_s, cpu_s = time.perf_counter() - t0, self._cpu_since_mark()
         slow = faultlib.straggler(self.faults, self.standing.rank, step)
-        if slow is not None:
+        if slow is not None and slow.index not in self.done:  # this process fires it: the process is slow, as a bad node's is
+            self.slowing.add(slow.index)
+        if slow is not None and slow.index in self.slowing:  # fired by another process (a spare took the rank over, a move): healthy
             compute_s = faultlib.compute_s(elapsed_s, cpu_s)
             sleep_s = faultlib.straggle_s(slow, compute_s)
             if slow.index not in self.done:

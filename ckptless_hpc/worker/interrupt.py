@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 
 class Aborted(Exception):
@@ -27,10 +27,28 @@ class Waiter:
         self.stopping = False
         self.orphaned: Optional[str] = None  # the coordinator is gone (Slurm: save and requeue)
         self.wake = threading.Event()
+        self.hold: Optional[Tuple[int, int]] = None  # a planned move's (generation, step): an abort once that step is committed
+        self.step = -1  # the committed step (the main thread's, after each commit)
 
     def abort(self, gen: int) -> None:
         self.abort_gen = max(self.abort_gen, gen)
         self.wake.set()
+
+    def hold_at(self, gen: int, step: int) -> None:
+        """A planned move (``abort`` with ``at_step``): generation ``gen`` starts at ``step``, so
+        no step past it is taken: the abort of ``gen`` takes effect once ``step`` is committed (at
+        once when it is already; a step in flight past it is then abandoned, as its peers hold)."""
+        self.hold = (gen, step)
+        self._check()
+
+    def committed(self, step: int) -> None:
+        self.step = step
+        self._check()
+
+    def _check(self) -> None:
+        hold = self.hold  # read once: the reader thread may replace it meanwhile
+        if hold is not None and self.step >= hold[1] and hold[0] > self.abort_gen:
+            self.abort(hold[0])
 
     def stop(self) -> None:
         self.stopping = True

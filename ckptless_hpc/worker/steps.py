@@ -65,6 +65,7 @@ class Steps:
         the reason when a collective failed (the caller reports what it holds)."""
         s, steps = self.standing, self.train_cfg.steps
         s.training = True
+        self.waiter.committed(s.step)  # a planned move's boundary counts from the step this generation starts at
         try:
             while True:
                 if self.waiter.cut(gen):
@@ -121,6 +122,7 @@ class Steps:
         if res.skipped:
             log.warning("step %d skipped (%s): loss %s, grad norm %s", step, res.skipped, res.loss, res.grad_norm)
         s.at(step + 1)
+        self.waiter.committed(s.step)  # a planned move's boundary reached: the loop holds before the next step
         if self.shards is not None:
             self.shards.committed(self.engine, s.step)
         self.periodic.after_commit(s.step, 0 if s.lead else s.rank, self.shards.owned if self.shards is not None else [0], self.engine.collect)

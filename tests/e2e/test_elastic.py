@@ -65,9 +65,10 @@ def test_shrunk_then_grown_back_from_a_refill_ends_with_the_fault_free_bits(job,
     (shrunk,), (grown,) = res.of("shrunk"), res.of("grown")
     assert shrunk["processes"] == 2 and grown["processes"] == 3 and grown["step"] > shrunk["step"]
     assert s["final_state_sha256"] == baseline(*ELASTIC, env=ENV)
-    assert [r["replacements"] for r in s["recoveries"]] == [{}, {"2": res.of("spare_launched")[0]["node"] + ".0"}]
-    grow = s["recoveries"][1]
-    assert grow["bytes_transferred"] > 0 and grow["failed_ranks"] == [] and grow["t_fail"] == grow["t_detect"]  # caused by no fault: timed from its start
+    (grow,) = s["moves"]  # the grow-back is a planned move at a step boundary (issue 33): the degraded step in flight finished
+    assert [r["replacements"] for r in s["recoveries"]] == [{}] and grow["replacements"] == {"2": res.of("spare_launched")[0]["node"] + ".0"}
+    assert grow["bytes_transferred"] > 0 and grow["failed_ranks"] == [] and grow["t_fail"] == grow["t_detect"]  # caused by no fault: timed from the boundary
+    assert grow["planned"]["kind"] == "grow" and grow["target_step"] == grow["planned"]["step"] == grown["step"]
     (span,) = s["degraded"]["spans"]
     assert (span["from_step"], span["to_step"], span["processes"]) == (shrunk["step"], grown["step"], 2) and span["seconds"] > 0
     assert s["workers"] == "3/3"
@@ -101,7 +102,7 @@ def test_zero_shrinks_its_shards_onto_the_survivors_and_grows_back_with_the_faul
     assert shrunk["processes"] == 2 and shrunk["ranks"] == [0, 2] and grown["processes"] == 3
     assert s["final_state_sha256"] == fault_free
     assert s["recoveries"][0]["bytes_transferred"] > 0, "the adopted shard came from nowhere"  # node 1's copy lives on another node
-    assert s["recoveries"][1]["bytes_transferred"] > 0 and s["workers"] == "3/3"
+    assert s["moves"][0]["bytes_transferred"] > 0 and s["workers"] == "3/3"  # the grow-back: a planned move
     assert s["final"]["model"]["sha256"] == baseline.result(*ZERO, env=ENV).summary["final"]["model"]["sha256"]
 
 

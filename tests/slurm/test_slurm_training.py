@@ -374,7 +374,8 @@ def test_crashed_node_with_no_spare_shrinks_grows_back_from_a_companion_job_and_
         slurm_cluster.start_node(victim_node)
     events = _events(tmp_path)
     assert s["status"] == "completed" and s["workers"] == "3/3", s
-    shrink, grow = s["recoveries"]
+    (shrink,), (grow,) = s["recoveries"], s["moves"]  # the grow-back is a planned move (issue 33), not a recovery
+    assert grow["planned"]["kind"] == "grow" and grow["target_step"] == grow["planned"]["step"]
     assert shrink["failed_ranks"] == [2] and shrink["failed_nodes"] == [victim_node] and shrink["replacements"] == {}
     (shrunk,), (grown,) = [e for e in events if e["event"] == "shrunk"], [e for e in events if e["event"] == "grown"]
     assert shrunk["processes"] == 2 and grown["processes"] == 3 and victim_node in s["excluded_nodes"]

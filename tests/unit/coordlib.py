@@ -115,3 +115,16 @@ async def recover(c: Any) -> Any:
     while code is None and c.job.phase is Phase.RECOVERING:
         code = await c._execute(c.job.advance(c.clock(), Inputs(timed_out=await c._wait()))[0], [])
     return code
+
+
+def carry_out(job: Any, acts: List[Any]) -> None:
+    """The shell's part a pure job-machine test needs: a new generation adopted, assigns taking
+    the ranks, a planned move's released workers dead to the job."""
+    for a in acts:
+        name = type(a).__name__
+        if name == "NewGeneration":
+            job.adopt(a)
+        elif name == "Assign":
+            job.members.assign(dict(a.ranks))
+        elif name == "Release":
+            job.members.release(list(a.workers))

@@ -10,11 +10,11 @@ import pytest
 from ckptless_hpc.control.messages import Done, Held, Joining, Ready
 from ckptless_hpc.coordinator.job import Complete, Finish, Inputs, JobMachine, LeaveRecovery, Options, Phase, SaveAndRequeue, StartTraining, StopNonfinite
 from ckptless_hpc.coordinator.membership import FATAL_AT_STARTUP, RECOVER, SPARE_LOST
-from ckptless_hpc.coordinator.recovery import Options as RecoveryOptions, NewGeneration, Reformed
+from ckptless_hpc.coordinator.recovery import Options as RecoveryOptions, Reformed
 from ckptless_hpc.coordinator.sharding import Layout
 from ckptless_hpc.coordinator.verdicts import EXIT_CANCELLED, EXIT_FAILED, EXIT_STARTUP
 from ckptless_hpc.faults import Fault
-from coordlib import cfg, membership
+from coordlib import carry_out, cfg, membership
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,15 +37,6 @@ def training(nodes: int = 2, **kw: Any) -> JobMachine:
 
 def kinds(acts: List[Any]) -> List[str]:
     return [type(a).__name__ for a in acts]
-
-
-def carry_out(job: JobMachine, acts: List[Any]) -> None:
-    """The shell's part the machine needs: a new generation is adopted, assigns take the ranks."""
-    for a in acts:
-        if isinstance(a, NewGeneration):
-            job.adopt(a)
-        elif type(a).__name__ == "Assign":
-            job.members.assign(dict(a.ranks))
 
 
 def lose(job: JobMachine, wid: str, t: float) -> str:
@@ -231,12 +222,16 @@ def test_a_job_that_may_shrink_goes_on_without_a_spare_refills_and_grows_back_on
     m.add_node("r0", "spare")
     assert not job.grow_due() and job.advance(T0 + 2)[0] == []  # not built yet
     m.workers["r0.0"].built = True
+    assert not job.grow_due()  # no step heard of since: no boundary to grow at
+    job.committed(9, 0.1)
     assert job.grow_due() and job.attention()
     acts, _ = job.advance(T0 + 3)
     carry_out(job, acts)
-    assert job.phase is Phase.RECOVERING and kinds(acts)[-1] == "Abort"  # a re-forming with nothing failed
+    # a re-forming with nothing failed, planned: at step 9 + 0.5 s of 0.1 s steps, the degraded step in flight finished
+    assert job.phase is Phase.RECOVERING and kinds(acts)[-1] == "Abort" and acts[-1].at_step == 14
+    assert [a.fields["kind"] for a in acts if type(a).__name__ == "Emit" and a.event == "move_planned"] == ["grow"]
     for w in ("n0.0", "n1.0"):
-        job.held(w, "active", Held(gen=1, abort_gen=2, step=9))
+        job.held(w, "active", Held(gen=1, abort_gen=2, step=14))
     acts, _ = job.advance(T0 + 3.1)
     grown = [a for a in acts if type(a).__name__ == "Emit" and a.event == "grown"]
     assert len(grown) == 1 and grown[0].fields["processes"] == 3 and job.members.ranks[2] == "r0.0"
