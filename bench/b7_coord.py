@@ -56,6 +56,9 @@ class SimLauncher:
     def exclude_node(self, node: str, why: str) -> None:
         pass
 
+    def drained_nodes(self, nodes: List[str]) -> List[str]:
+        return []
+
     def hold_commands(self) -> None:
         pass
 

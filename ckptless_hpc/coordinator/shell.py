@@ -47,6 +47,7 @@ from .wakeup import Wakeup
 
 log = logging.getLogger("ckptless_hpc.coordinator")
 COMPANION_POLL_S = 2.0  # cluster.grow=job: how often a pending companion job's state is asked
+DRAIN_POLL_S = 5.0  # how often the scheduler is asked which of the job's nodes an administrator drains
 
 
 class Coordinator:
@@ -226,6 +227,24 @@ class Coordinator:
                 self.job.moves.drop(req.node)
                 self._emit("straggler_action", self.workers[w], action="kept", reason="no longer slow before its move")
 
+    async def _poll_drains(self) -> None:
+        """Every DRAIN_POLL_S: the job's training nodes an administrator marked DRAIN (scontrol)
+        are moved to spares at a step boundary, as ``ckptless-hpc drain`` moves them; once each."""
+        seen: set = set()
+        while not self.job.stopping:
+            await asyncio.sleep(DRAIN_POLL_S)
+            m = self.members
+            nodes = sorted(m.active_nodes - m.bad_nodes)
+            for node in await self._off_loop(self.launcher.drained_nodes, nodes) if nodes else []:
+                if node in seen or node in m.bad_nodes:
+                    continue
+                seen.add(node)
+                reason = "the scheduler marked it DRAIN"
+                refused = self.job.request_move(node, DRAIN, reason)
+                self._emit("drain_requested", node=node, reason=reason, refused=refused, request="scheduler")
+                log.warning("node %s is marked DRAIN: %s", node, f"not moved: {refused}" if refused else "its ranks move to a spare at the next step boundary")
+                self._notify()
+
     def _take_requests(self) -> None:
         """``ckptless-hpc drain``'s requests in the run directory (rundir/requests.py): a move each."""
         for req in requests.take(self.record.paths.requests):
@@ -305,6 +324,7 @@ class Coordinator:
             self.telemetry.open_tensorboard(self.record.paths.tensorboard, self.record.failures.report)
         watch = asyncio.ensure_future(self.health.watch(self.clock, c.heartbeat_interval_s, lambda: self.job.stopping, self._judge, self._emit))
         echo = asyncio.ensure_future(self.telemetry.console.follow(lambda: self.job.stopping))
+        drains = asyncio.ensure_future(self._poll_drains()) if self.launcher.node_is_one_step else None  # Slurm: its DRAIN state
         thresholds = gc.get_threshold()
         gc.set_threshold(*host.GC_THRESHOLDS)  # start-up builds a record and a connection per worker: fewer full collections
         try:
@@ -315,6 +335,8 @@ class Coordinator:
             self.job.end()
             watch.cancel()
             echo.cancel()
+            if drains is not None:
+                drains.cancel()
             await self._shutdown()
             self.telemetry.close_tensorboard()
             self.telemetry.console.once()  # the rank's last lines, written while it stopped

@@ -61,6 +61,11 @@ class Launcher(Protocol):
         """Never place anything on ``node`` again (and drain it, where configured and possible)."""
         ...
 
+    def drained_nodes(self, nodes: List[str]) -> List[str]:
+        """Those of ``nodes`` an administrator marked to drain (Slurm's DRAIN state): the
+        coordinator moves their ranks to spares at a step boundary. [] where no scheduler says so."""
+        ...
+
     def hold_commands(self) -> None:
         """A recovery is being planned: issue no scheduler command until ``release_commands``."""
         ...

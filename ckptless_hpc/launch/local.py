@@ -216,6 +216,10 @@ class LocalLauncher:
     def exclude_node(self, node: str, why: str) -> None:
         """Local nodes are never reused anyway (replacements get new names)."""
 
+    def drained_nodes(self, nodes: List[str]) -> List[str]:
+        """No scheduler marks local nodes (``ckptless-hpc drain`` does)."""
+        return []
+
     def requeue(self, reason: str) -> Optional[str]:
         """None when requeued, else why not."""
         return "the local backend has no scheduler to requeue with (cluster=slurm can)"

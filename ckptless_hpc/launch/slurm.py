@@ -366,6 +366,14 @@ class SlurmLauncher:
             reason = f"ckptless_hpc job {self.job_id}: {why}"[:200]
             self.commands.submit("drain_node", partial(commands.drain_node, node, reason), job=self.job_id, node=node)
 
+    def drained_nodes(self, nodes: List[str]) -> List[str]:
+        """Those of ``nodes`` Slurm shows draining or drained (one sinfo call); [] when it cannot say."""
+        try:
+            return commands.drained_nodes(nodes)
+        except commands.SlurmCommandError as e:
+            log.warning("cannot read the nodes' states: %s", e)
+            return []
+
     def launched_identity(self, worker: str) -> Optional[Tuple[int, ...]]:
         """(srun pid, start ticks, step id) of the step this launcher started for ``worker``'s node."""
         return self._launched.get(worker.rpartition(".")[0]) or None

@@ -56,6 +56,14 @@ def live_nodes(job_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mappin
     return expand_nodelist(done.stdout.strip())
 
 
+def drained_nodes(nodes: Sequence[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> list[str]:
+    """Those of NODES whose state says drain (draining, drained, mixed+drain...): one sinfo call."""
+    if not nodes:
+        return []
+    done = run(render.sinfo_states_argv(nodes), timeout_s=timeout_s, env=env)
+    return sorted({n for n, state in (line.split()[:2] for line in done.stdout.splitlines() if len(line.split()) >= 2) if "drain" in state.lower()})
+
+
 def down_node(node: str, reason: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, env: Mapping[str, str] | None = None) -> None:
     """Set NODE down now: its steps end at once and it leaves every running job."""
     run(render.scontrol_down_argv(node, reason), timeout_s=timeout_s, env=env)

@@ -379,6 +379,11 @@ def squeue_nodes_argv(job_id: str) -> list[str]:
     return ["squeue", "--noheader", f"--jobs={_check_job_id(job_id)}", "--format=%N"]
 
 
+def sinfo_states_argv(nodes: Sequence[str]) -> list[str]:
+    """Each of NODES with its state, one per line (``%N %T``: name and long state, e.g. draining)."""
+    return ["sinfo", "--noheader", "--Node", f"--nodes={','.join(nodes)}", "--format=%N %T"]
+
+
 def squeue_states_argv(job_ids: Sequence[str]) -> list[str]:
     """The states of many jobs in one squeue call (``%i %T``: job id and state)."""
     return ["squeue", "--noheader", f"--jobs={','.join(_check_job_id(j) for j in job_ids)}", "--format=%i %T"]

@@ -89,7 +89,7 @@ def _check_moved(res: JobResult, drain: subprocess.CompletedProcess, node: str, 
     return move
 
 
-@pytest.mark.parametrize("mode", ["ddp", "zero"])
+@pytest.mark.parametrize("mode", ["ddp", "zero", "fsdp"])
 def test_a_drained_node_moves_to_the_spare_at_a_boundary_bitwise(tmp_path, baseline, mode):
     cfg = (*TASK, f"parallel={mode}")
     res, drain = drained_run(tmp_path / "run", cfg, refused="local7" if mode == "ddp" else "")

@@ -385,3 +385,29 @@ def test_crashed_node_with_no_spare_shrinks_grows_back_from_a_companion_job_and_
     assert s["final_state_sha256"] == baseline(*cfg)
     state = commands.job_state(submitted["job"])
     assert state in (None, "COMPLETING", "COMPLETED", "CANCELLED"), f"the companion job {submitted['job']} outlived the job: {state}"
+
+
+def test_a_node_an_administrator_drains_is_moved_to_the_spare_at_a_boundary_bitwise(slurm_env, tmp_path, baseline):
+    """scontrol update state=DRAIN of a training node during the job (issue 33): the coordinator
+    sees it in its node polls and moves its rank to the spare at a step boundary: no failure, no
+    step redone, the node's step ends as its worker is released, bitwise."""
+    cfg = (*LM[:-1], "train.steps=1200")
+    job = _submit(tmp_path, *cfg)
+    victim_node = _rank_worker(tmp_path, 1).split(".")[0]
+    _past_step(tmp_path, 20)
+    reason = "maintenance (test)"
+    subprocess.run(["scontrol", "update", f"nodename={victim_node}", "state=DRAIN", f"reason={reason}"], check=True, capture_output=True, timeout=30)
+    try:
+        s = _finished(job, tmp_path, within_s=280)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={victim_node}", "state=RESUME"], capture_output=True, timeout=30)
+    events = _events(tmp_path)
+    assert s["status"] == "completed" and s["recoveries"] == [], s
+    (move,) = s["moves"]
+    assert move["planned"]["kind"] == "drain" and move["failed_nodes"] == [victim_node] and move["target_step"] == move["planned"]["step"], move
+    assert [e for e in events if e["event"] == "failure_detected"] == []
+    (asked,) = [e for e in events if e["event"] == "drain_requested"]
+    assert asked["node"] == victim_node and asked["request"] == "scheduler" and asked["refused"] is None
+    steps = [e["step"] for e in events if e["event"] == "step"]
+    assert sorted(steps) == list(range(1, s["steps_completed"] + 1)), "a step was redone or lost"
+    assert s["final_state_sha256"] == baseline(*cfg)
