@@ -63,7 +63,7 @@ def test_the_protocol_declares_every_member_the_coordinator_calls():
     names = set(base.members())
     assert names == {
         "batch_node", "node_is_one_step", "measures_identity", "start_node", "initial_nodes", "free_node", "register", "kill_worker",
-        "exclude_node", "hold_commands", "release_commands", "requeue", "log_path", "launched_identity", "live_identity", "shutdown",
+        "exclude_node", "drained_nodes", "hold_commands", "release_commands", "requeue", "log_path", "launched_identity", "live_identity", "shutdown",
     }
     for name, fn in vars(base.Launcher).items():
         if callable(fn) and not name.startswith("_"):
