@@ -110,7 +110,7 @@ def table(r: Dict[str, Any]) -> str:
     lines: List[str] = [
         f"planned moves ({r['size']} model, {r['reps']} pair(s), ddp, 2 nodes + 1 spare)",
         f"  drain (planned move)     downtime median {r['move_downtime_s']:.3f} s; steps redone {r['moves_redone_steps']}",
-        f"  kill_worker (recovery)   downtime median {r['recovery_downtime_s']:.3f} s; steps redone {r['recoveries_redone_steps']}",
+        f"  kill_worker (recovery)   downtime median {r['recovery_downtime_s']:.3f} s; the step in flight at the kill lost (rank 0 never reported it)",
         f"  move / recovery          x{r['move_over_recovery']:.2f}; oracle {'held' if r['oracle'] else 'BROKEN'}",
     ]
     if s is None:

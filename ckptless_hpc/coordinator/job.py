@@ -343,7 +343,7 @@ class JobMachine:
             return None
         lead = (boundary - (self.step or 0)) * (self.step_s or 0.0) * 2  # the ranks' time to get there, with room for a slow step
         if self.grow_due():
-            return Planned(GROW, (f"{self.vacant} rank(s) without a process of their own and a spare built",), boundary, (), lead)
+            return Planned(GROW, (f"{self.vacant} rank(s) without a process of their own and a spare built",), boundary, lead)
         due = self._moves_due()
         if not due:
             return None
@@ -352,7 +352,7 @@ class JobMachine:
             ranks_of.setdefault(self.members.workers[w].node, []).append(r)
         self.moves.taken(due, ranks_of)
         kind = due[0].kind if len({r.kind for r in due}) == 1 else "+".join(sorted({r.kind for r in due}))
-        return Planned(kind, tuple(f"node {r.node}: {r.reason}" for r in due), boundary, tuple(r.node for r in due), lead, tuple(due))
+        return Planned(kind, tuple(f"node {r.node}: {r.reason}" for r in due), boundary, lead, tuple(due))
 
     def grow_due(self) -> bool:
         """A job that shrank has a built spare: re-form (with no failure) to hand it ranks back

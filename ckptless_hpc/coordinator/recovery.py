@@ -28,6 +28,7 @@ from ..metrics import Recovery
 from ..state.placement import LOST
 from ..control.messages import Fetched, Held, Joining, Message, Ready
 from .membership import Membership
+from .moves import Request
 from .planner import Elastic, Plan, plan_recovery, plan_sharded_recovery
 from .sharding import Layout, inventories
 from .tally import Arrivals
@@ -91,15 +92,18 @@ class Release:
 
 @dataclass(frozen=True)
 class Planned:
-    """A recovery the job chose (moves.py): ``nodes``' ranks go to spares (none for a grow-back)
-    at the boundary ``step``; ``kind``: drain | straggler | grow."""
+    """A recovery the job chose (moves.py): the requested nodes' ranks go to spares (none for a
+    grow-back) at the boundary ``step``; ``kind``: drain | straggler | grow."""
 
     kind: str
     reasons: Tuple[str, ...]
     step: int
-    nodes: Tuple[str, ...] = ()
     lead_s: float = 0.0  # the time the ranks need to reach the boundary (added to the hold's bound)
-    requests: Tuple[Any, ...] = ()  # moves.Request of each node: asked again if a failure calls the move off
+    requests: Tuple[Request, ...] = ()  # one per node to move: asked again if a failure calls the move off
+
+    @property
+    def nodes(self) -> Tuple[str, ...]:
+        return tuple(r.node for r in self.requests)
 
 
 @dataclass(frozen=True)

@@ -215,8 +215,11 @@ class Coordinator:
         for r, ratio in slow.items():
             rec = self.workers[self.ranks[r]]
             got = self.job.moves.straggler(r, rec.node, ratio, self.health.straggling.size)
-            refused = "moved once already: the slowness went with the rank, not its node" if got is None else self.job.request_move(rec.node, STRAGGLER, got[1])
-            self._emit("straggler_action", rec, action="kept" if refused else "replace", reason=refused or got[1])  # type: ignore[index]
+            if got is None:
+                self._emit("straggler_action", rec, action="kept", reason="moved once already: the slowness went with the rank, not its node")
+                continue
+            refused = self.job.request_move(rec.node, STRAGGLER, got[1])
+            self._emit("straggler_action", rec, action="kept" if refused else "replace", reason=refused or got[1])
             if not refused:
                 log.warning("rank %d (node %s) straggles: moving its node to a spare at the next step boundary (cluster.straggler_action=replace)", r, rec.node)
                 self._notify()
@@ -324,7 +327,7 @@ class Coordinator:
             self.telemetry.open_tensorboard(self.record.paths.tensorboard, self.record.failures.report)
         watch = asyncio.ensure_future(self.health.watch(self.clock, c.heartbeat_interval_s, lambda: self.job.stopping, self._judge, self._emit))
         echo = asyncio.ensure_future(self.telemetry.console.follow(lambda: self.job.stopping))
-        drains = asyncio.ensure_future(self._poll_drains()) if self.launcher.node_is_one_step else None  # Slurm: its DRAIN state
+        drains = asyncio.ensure_future(self._poll_drains())  # the scheduler's DRAIN state (Slurm; a local launcher answers [])
         thresholds = gc.get_threshold()
         gc.set_threshold(*host.GC_THRESHOLDS)  # start-up builds a record and a connection per worker: fewer full collections
         try:
@@ -335,8 +338,7 @@ class Coordinator:
             self.job.end()
             watch.cancel()
             echo.cancel()
-            if drains is not None:
-                drains.cancel()
+            drains.cancel()
             await self._shutdown()
             self.telemetry.close_tensorboard()
             self.telemetry.console.once()  # the rank's last lines, written while it stopped
