@@ -12,6 +12,7 @@ import math
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -218,7 +219,15 @@ def run_ckptless(run_dir: Path, overrides: Sequence[str], timeout_s: float = 600
         raise BenchError(f"ckptless_hpc job exited {rc} (expected {expect_rc}): {' '.join(cmd)}\n{tail}")
     summary = json.loads(summary_path.read_text(encoding="utf-8"))
     events = read_jsonl(run_dir / "events.jsonl")
+    prune_weights(run_dir)
     return JobRun(run_dir, summary, events, elapsed, samples)
+
+
+def prune_weights(run_dir: Path) -> None:
+    """Delete a finished job's weights (final/, saved/, state/): no bench reads them back (the summary
+    holds their sha256), and a full run's 100 jobs of up to 1.5 GB each would fill the disk."""
+    for name in ("final", "saved", "state"):
+        shutil.rmtree(run_dir / name, ignore_errors=True)
 
 
 def torchft_version() -> Optional[str]:
