@@ -239,16 +239,34 @@ def run(bench: Any) -> Dict[str, Any]:
     return res
 
 
+def grow_only(bench: Any) -> Dict[str, Any]:
+    """``python -m bench --only b9_grow``: B9's grow-backs (each of ``b9_grow_modes``) beside a
+    spare's promotion and a shrink of the same node loss (B9's first shrink point), without B9's
+    reduction pairs and further shrink points: 11 jobs of the full plan instead of about 30."""
+    p = bench.plan
+    nodes, min_nodes = p.b9_shrinks[0]
+    pt = shrink_point(bench, nodes, min_nodes, promote=True, reps=p.b9_shrink_reps)
+    grow = [grow_point(bench, nodes, min_nodes, mode, max(1, p.b9_grow_reps)) for mode in p.b9_grow_modes]
+    return {"shrink": [pt], "grow": grow, "oracle": pt["oracle"] and all(g["oracle"] for g in grow)}
+
+
+def grow_headline(res: Dict[str, Any]) -> Dict[str, Any]:
+    """``b9_grow``'s keys in latest.json (the full run's B9 writes the same grow-back keys)."""
+    pt = res["shrink"][0]
+    return {"b9_promotion_downtime_s": pt["promotion"]["downtime_s"], **{f"b9_grow_downtime_s_{g['mode']}": g["grow"]["downtime_s"] for g in res["grow"]}}
+
+
 # ---------------------------------------------------------------- output
 def table(res: Dict[str, Any]) -> str:
-    o = res["overhead"]
-    lines = [
-        "B9 elastic",
-        f"fixed vs allreduce, {o['params'] / 1e6:.1f} M, {o['ranks']} ranks: {1e3 * o['allreduce_step_s']:.1f} -> {1e3 * o['fixed_step_s']:.1f} ms/step, "
-        f"{o['overhead_pct']:+.1f}% (pairs {[round(x, 3) for x in o['pair_ratios']]}; target <= +{o['target_pct']:.0f}%: {o['verdict']}); "
-        f"CPU/step {_pp(o['cpu_overhead_pct'])}",
-        "nodes -> live  step before  step after  slowdown  ideal  vs ideal  bound  vs bound  CPU after/before  oracle",
-    ]
+    lines = ["B9 elastic"]
+    o = res.get("overhead")  # b9_grow has none
+    if o:
+        lines.append(
+            f"fixed vs allreduce, {o['params'] / 1e6:.1f} M, {o['ranks']} ranks: {1e3 * o['allreduce_step_s']:.1f} -> {1e3 * o['fixed_step_s']:.1f} ms/step, "
+            f"{o['overhead_pct']:+.1f}% (pairs {[round(x, 3) for x in o['pair_ratios']]}; target <= +{o['target_pct']:.0f}%: {o['verdict']}); "
+            f"CPU/step {_pp(o['cpu_overhead_pct'])}"
+        )
+    lines.append("nodes -> live  step before  step after  slowdown  ideal  vs ideal  bound  vs bound  CPU after/before  oracle")
     for pt in res["shrink"]:
         cpu = pt["cpu_ratio"]
         lines.append(

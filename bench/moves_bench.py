@@ -11,8 +11,9 @@
    spare), and a fault-free run's.
 
 Every run is a real job (``python -m ckptless_hpc``). Writes ``bench/results/only-moves.json``
-(``--quick``: ``quick-moves.json``); run directories go to ``bench/results/tmp/moves``. Not in
-``python -m bench``'s full run yet.
+(``--quick``: ``quick-moves.json``); run directories go to ``bench/results/tmp/moves``. Also the
+section ``moves`` of ``python -m bench`` (the full run, and ``--only moves``, which writes the same
+file); the quick smoke leaves it out (tests/bench/test_moves_bench.py runs ``--quick``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any, Dict, List, Optional
 if __package__ in (None, ""):  # python bench/moves_bench.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import REPO, BenchError, JobRun, machine_info, median, read_jsonl, run_ckptless, task_overrides  # noqa: E402
+from bench.common import REPO, BenchError, JobRun, machine_info, median, prune_weights, read_jsonl, run_ckptless, task_overrides  # noqa: E402
 from ckptless_hpc.rundir import requests  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
@@ -60,7 +61,9 @@ def _drained(run_dir: Path, overrides: List[str], at_step: int, timeout_s: float
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     if p.returncode != 0 or len(summary.get("moves", [])) != 1:
         raise BenchError(f"{run_dir}: exit {p.returncode}, {len(summary.get('moves', []))} move(s) (want 1); see its stdout.log and events.jsonl")
-    return JobRun(run_dir, summary, read_jsonl(run_dir / "events.jsonl"), time.monotonic() - t0)
+    events = read_jsonl(run_dir / "events.jsonl")
+    prune_weights(run_dir)
+    return JobRun(run_dir, summary, events, time.monotonic() - t0)
 
 
 def _redone(run: JobRun) -> int:

@@ -32,7 +32,7 @@ if __package__ in (None, ""):  # python bench/run.py
 from ckptless_hpc.tools import sim  # noqa: E402
 
 from . import b5 as b5lib, b7 as b7lib, b8 as b8lib, b9 as b9lib, ckpt_restart, copy_cost as copy_cost_lib, figures, fsdp_warmup as fsdp_warmup_lib  # noqa: E402
-from . import parallel_bench as parallel_lib, report, slurm_path, torchft_bench, transfer  # noqa: E402
+from . import moves_bench as moves_lib, parallel_bench as parallel_lib, report, slurm_path, torchft_bench, transfer  # noqa: E402
 from .common import REPO, SIZES, BenchError, JobRun, cpu_per_step, finite, lm_params, machine_info, median, run_ckptless, spread, task_overrides, torchft_version, verdict  # noqa: E402
 from .plan import PLANS, Plan  # noqa: E402
 
@@ -467,6 +467,23 @@ class Bench:
         log("\n" + parallel_lib.table(res))
         return res
 
+    def b9_grow(self) -> Dict[str, Any]:
+        """``--only b9_grow``: B9's grow-backs beside a spare's promotion, alone (bench/b9.py grow_only)."""
+        res = b9lib.grow_only(self)
+        log(b9lib.table(res))
+        return res
+
+    def moves(self, in_run: bool = False) -> Dict[str, Any]:
+        """Planned moves (issue 33): a drain against a failure recovery of the same rank, a x3
+        straggler under report and replace (bench/moves_bench.py). ``in_run``: as a section of
+        ``python -m bench``, where the quick smoke leaves it out (tests/bench/test_moves_bench.py runs it)."""
+        quick = self.plan.name == "quick"
+        if quick and in_run:
+            return {"status": "skipped: not in the quick run (python -m bench --only moves --quick; tests/bench/test_moves_bench.py runs it)"}
+        res = moves_lib.measure(quick, self.tmp / "moves")
+        log("\n" + moves_lib.table(res))
+        return res
+
     def b6_sim(self, b1: Dict[str, Any], b3: Dict[str, Any], b5: Dict[str, Any]) -> Dict[str, Any]:
         pt = b1["points"][-1]  # the largest model measured
         per_doubling = b5lib.group_init_per_doubling_s(b5)  # B5's re-formation growth per doubling of the world
@@ -565,7 +582,7 @@ def _clean(x: Any) -> Any:
     return x
 
 
-SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7", "b8", "b9", "b1_slurm", "copy_cost", "parallel")
+SECTIONS = ("b4", "b3", "b1", "b5", "b2", "b6", "b6_sim", "b7", "b8", "b9", "b1_slurm", "copy_cost", "parallel", "moves")
 
 
 def _write(res: Dict[str, Any], results: Path) -> None:
@@ -588,7 +605,7 @@ def _resim(results: Path, plan: Plan) -> int:
     return 0
 
 
-INDEPENDENT = ("b3", "b4", "b5", "b7", "b8", "b9", "b1_slurm", "gloo_lazy", "fsdp_warmup", "copy_cost", "parallel")  # sections that use no other section's results
+INDEPENDENT = ("b3", "b4", "b5", "b7", "b8", "b9", "b9_grow", "b1_slurm", "gloo_lazy", "fsdp_warmup", "copy_cost", "parallel", "moves")  # sections that use no other section's results
 
 
 def _only(names: List[str], plan: Plan, results: Path, add_to_latest: bool = False) -> int:
@@ -613,8 +630,11 @@ def _only(names: List[str], plan: Plan, results: Path, add_to_latest: bool = Fal
     print(json.dumps({n: res[n] for n in names}, indent=2, default=str))
     if "b7" in names:
         print("\n" + b7lib.table(res["b7"]))
-    if "b9" in names:
-        print("\n" + b9lib.table(res["b9"]))
+    for name in ("b9", "b9_grow"):
+        if name in names:
+            print("\n" + b9lib.table(res[name]))
+    if "moves" in names:
+        print("\n" + moves_lib.table(res["moves"]))
     if "b5" in names:
         print("\n" + b5lib.one_line(res["b5"]))
     if add_to_latest:
@@ -640,6 +660,8 @@ def _add_to_latest(res: Dict[str, Any], names: List[str], latest: Path) -> None:
         old.update(b8lib.headline(res["b8"]))
     if "b9" in names:
         old.update(b9lib.headline(res["b9"]))
+    if "b9_grow" in names:
+        old.update(b9lib.grow_headline(res["b9_grow"]))
     if "b1_slurm" in names:
         old.update(slurm_headline(res["b1_slurm"]))
     if "parallel" in names:
@@ -697,6 +719,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "b1_slurm": b.b1_slurm,
         "copy_cost": b.copy_cost,
         "parallel": lambda: b.parallel(in_run=True),
+        "moves": lambda: b.moves(in_run=True),
     }
     failed = []
     for name in SECTIONS:
