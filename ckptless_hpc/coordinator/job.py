@@ -221,8 +221,10 @@ class JobMachine:
     def _leave(self, out: List[Any]) -> List[Any]:
         m, self.recovery = self.recovery, None
         if m is not None and m.fell_back and m.planned is not None:  # a failure called the move off: asked again, for the next boundary
+            training = {self.members.workers[w].node for w in self.members.ranks.values()}
             for r in m.planned.requests:
-                self.moves.ask(r.node, r.kind, r.reason, self.members.active_nodes, self.members.bad_nodes)
+                if r.node in training:  # not a node whose ranks moved all the same
+                    self.moves.ask(r.node, r.kind, r.reason, self.members.active_nodes, self.members.bad_nodes)
         return out + [LeaveRecovery()]
 
     def adopt(self, a: NewGeneration) -> None:

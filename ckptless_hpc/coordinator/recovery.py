@@ -177,6 +177,7 @@ class RecoveryMachine:
         self.members, self.layout, self.opts = members, layout, opts
         self.planned = planned  # a move the job chose: its first generation holds at a boundary, no step aborted
         self.leaving: List[str] = []  # the planned move's workers: they hold and serve their state, then are released
+        self._left: Dict[int, str] = {}  # the ranks the move takes, and their leaving workers
         self.fell_back = False  # a failure came during the planned move: this is an ordinary recovery now
         self.gen = gen
         self.doomed, self.fault_times = doomed, fault_times
@@ -267,9 +268,16 @@ class RecoveryMachine:
         from here, its record the failure's own. No plan for it (``why``: the spare went meanwhile):
         the ranks re-form where they are, at the boundary, and the move's record says why."""
         self.fell_back = True
-        for w in self._leaving_alive():
-            self.members.workers[w].role = "active"
-        self.leaving = []
+        m = self.members
+        back = {}
+        for r, w in self._left.items():  # a rank that its leaving worker still holds, or whose incoming spare died, stays (or goes back)
+            holder = m.ranks.get(r)
+            if m.workers[w].role == "leaving" and (holder == w or holder is None or m.workers[holder].role == "dead"):
+                back[r] = w
+        m.ranks = {**m.ranks, **back}
+        for w in back.values():
+            m.workers[w].role = "active"
+        self.leaving = self._leaving_alive()  # the ranks a live spare took: the move stands for them; they serve, then are released
         if why is None:
             self.record = None
         elif self.record is not None:
@@ -287,6 +295,7 @@ class RecoveryMachine:
         self._again = False
         m = self.members
         self.leaving = [w for node in p.nodes for w in m.leave(node)]
+        self._left = {r: w for r, w in m.ranks.items() if w in self.leaving}
         moved = sorted(m.workers[w].rank for w in self.leaving)  # type: ignore[type-var]
         self.gen += 1
         self.record = Recovery(
@@ -439,8 +448,9 @@ class RecoveryMachine:
         rec.transfer_s = max([f.seconds for f in t.fetched], default=0.0)
         rec.bytes_transferred = sum(f.bytes for f in t.fetched)
         out: List[Action] = []
-        p = self.planned
-        if p is not None and p.nodes and not self.fell_back:  # a planned move: the workers that handed their ranks over stop, their nodes are not used again
+        p, leaving = self.planned, self._leaving_alive()
+        if p is not None and leaving:  # a planned move: the workers that handed their ranks over stop, their nodes are not used again
             why = f"{p.kind}: " + "; ".join(p.reasons)
-            out += [Release(tuple(self._leaving_alive()), why)] + [Exclude(n, f"moved off at step {plan.target_step} ({why})") for n in p.nodes]
+            nodes = sorted({self.members.workers[w].node for w in leaving})
+            out += [Release(tuple(leaving), why)] + [Exclude(n, f"moved off at step {plan.target_step} ({why})") for n in nodes]
         return out + [Reformed(rec, plan)]  # the last: the job machine leaves the recovery with it

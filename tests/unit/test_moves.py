@@ -198,3 +198,54 @@ def test_a_straggler_request_drops_when_its_node_failed_meanwhile():
     job.members.add_node("s1", "spare")
     job.members.workers["s1.0"].built = True
     assert not job.attention() and job.moves.wanted == {}  # its rank is on the spare now: nothing to move
+
+
+def test_the_spare_dying_after_it_took_the_rank_gives_the_rank_back_to_the_leaving_worker():
+    """A failure after the plan was adopted: the incoming spare dies while the group forms. The
+    leaving worker still holds the rank's state at the boundary: the rank goes back to it (no
+    give-up for want of a spare, nothing rolled back), and the move is asked again."""
+    job = training(2, 1)
+    job.committed(10, 0.1)
+    job.request_move("n1", DRAIN, "maintenance")
+    carry_out(job, job.advance(T0 + 1)[0])
+    hold_all(job, 15)
+    carry_out(job, job.advance(T0 + 2)[0])
+    assert dict(job.members.ranks) == {0: "n0.0", 1: "s0.0"}  # adopted: the spare has rank 1
+    job.lost("s0.0", job.members.lose("s0.0"), "killed (test)", T0 + 2.5)
+    acts, _ = job.advance(T0 + 2.6)
+    carry_out(job, acts)
+    assert sorted(of(acts, "Abort")[0].workers) == ["n0.0", "n1.0"] and job.members.workers["n1.0"].role == "active"
+    hold_all(job, 15, ["n0.0", "n1.0"])
+    acts, _ = job.advance(T0 + 3)
+    carry_out(job, acts)
+    assert of(acts, "GiveUp") == [] and dict(of(acts, "Assign")[0].ranks) == {0: "n0.0", 1: "n1.0"}
+    assert of(acts, "Assign")[0].step == 15  # the boundary: nothing redone
+    acts = form(job, T0 + 4)
+    assert kinds(acts) == ["Reformed", "LeaveRecovery"]  # nothing released, no node excluded
+    assert list(job.moves.wanted) == ["n1"]
+
+
+def test_a_survivor_dying_after_the_spare_took_the_rank_keeps_the_move():
+    """A survivor dies after the plan was adopted: the move stands (the spare has the moved rank),
+    the failed rank goes to the second spare, and the leaving worker serves, then is released."""
+    job = training(2, 2)
+    job.committed(10, 0.1)
+    job.request_move("n1", DRAIN, "maintenance")
+    carry_out(job, job.advance(T0 + 1)[0])
+    hold_all(job, 15)
+    carry_out(job, job.advance(T0 + 2)[0])
+    promoted = job.members.ranks[1]
+    job.lost("n0.0", job.members.lose("n0.0"), "killed (test)", T0 + 2.5)
+    acts, _ = job.advance(T0 + 2.6)
+    carry_out(job, acts)
+    assert sorted(of(acts, "Abort")[0].workers) == sorted([promoted, "n1.0"])  # the leaving worker still holds (it may serve)
+    assert job.members.workers["n1.0"].role == "leaving"
+    hold_all(job, 15, [promoted, "n1.0"])
+    acts, _ = job.advance(T0 + 3)
+    carry_out(job, acts)
+    ranks = dict(of(acts, "Assign")[0].ranks)
+    assert ranks[1] == promoted and ranks[0] not in ("n0.0", "n1.0", promoted) and of(acts, "Assign")[0].step == 15
+    acts = form(job, T0 + 4)
+    assert kinds(acts) == ["Release", "Exclude", "Reformed", "LeaveRecovery"]
+    assert of(acts, "Release")[0].workers == ("n1.0",) and of(acts, "Exclude")[0].node == "n1"
+    assert job.members.workers["n1.0"].role == "dead" and job.moves.wanted == {}
