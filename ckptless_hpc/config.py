@@ -30,7 +30,7 @@ COMMS = ("auto", "gloo", "nccl")  # cluster.comm
 PRECISIONS = ("fp32", "bf16", "fp16")
 NONFINITE_POLICIES = ("stop", "skip")
 PARALLEL_MODES = ("ddp", "zero", "fsdp", "hsdp", "tp", "pp")
-PP_SCHEDULES = ("gpipe", "1f1b")  # parallel.pp_schedule (train/pp.py)
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")  # parallel.pp_schedule (train/pp.py)
 MP_DTYPES = ("bf16", "fp16", "fp32")
 COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # train.compile_backend  # parallel.param_dtype / reduce_dtype (FSDP2's MixedPrecisionPolicy)
 REDUCTIONS = ("auto", "allreduce", "fixed")
@@ -488,7 +488,9 @@ class ParallelConfig:
     pp: Optional[int] = None
     """pp: stages per pipeline, one replica of the model on pp ranks (world must be a multiple; the task gives the stages: Task.pp_stage, pp_split, pp_loss; with train.eval_every, pp_evaluate)."""
     pp_schedule: str = "gpipe"
-    """pp: torch.distributed.pipelining's schedule, gpipe | 1f1b (needs train.grad_accum >= parallel.pp); the micro-batches are train.grad_accum's."""
+    """pp: torch.distributed.pipelining's schedule, gpipe | 1f1b (needs train.grad_accum >= parallel.pp) | interleaved_1f1b (parallel.pp_virtual stages per rank; train.grad_accum at most parallel.pp, or a multiple of train.grad_accum // parallel.pp); the micro-batches are train.grad_accum's."""
+    pp_virtual: int = 1
+    """pp: stages per rank (pipelines of pp x pp_virtual stages, rank s of a pipeline holding stages s, s+pp, ...); more than 1 needs pp_schedule=interleaved_1f1b, which needs 2 or more."""
     param_dtype: Optional[str] = None
     """fsdp|hsdp: FSDP2's MixedPrecisionPolicy param_dtype, the dtype parameters are gathered and computed in (null: theirs; bf16 | fp16 | fp32)."""
     reduce_dtype: Optional[str] = None
@@ -597,6 +599,7 @@ class ParallelConfig:
                 f"parallel.pp_schedule=1f1b needs at least as many micro-batches as stages (parallel.pp={p.pp})",
                 f"set train.grad_accum={p.pp} or more, or parallel.pp_schedule=gpipe",
             )
+        ParallelConfig.check_pp_virtual(p, t, need)
         need(
             not t.get("compile", False),
             "train.compile",
@@ -604,6 +607,40 @@ class ParallelConfig:
             "parallel=pp runs the stages' own modules, not a compiled one",
             "set train.compile=false",
         )
+
+    @staticmethod
+    def check_pp_virtual(p: Any, t: Any, need: Need) -> None:
+        """parallel.pp_virtual: stages per rank, more than one exactly with interleaved_1f1b, whose
+        micro-batches torch takes in rounds of ``grad_accum // pp`` (at least 1) that must divide them."""
+        v, sched, pp = p.get("pp_virtual", 1), p.get("pp_schedule", "gpipe"), p.get("pp")
+        if not (_is_int(v) and v >= 1):
+            need(False, "parallel.pp_virtual", v, "must be an integer >= 1 (stages per rank)", "set parallel.pp_virtual=1, or 2 with parallel.pp_schedule=interleaved_1f1b")
+            return
+        if sched == "interleaved_1f1b":
+            need(
+                v >= 2,
+                "parallel.pp_virtual",
+                v,
+                "parallel.pp_schedule=interleaved_1f1b interleaves several stages on each rank",
+                "set parallel.pp_virtual=2 (or more; the task's pp_stage then cuts parallel.pp x parallel.pp_virtual stages), or parallel.pp_schedule=1f1b",
+            )
+            if _is_int(pp) and pp >= 1 and _is_int(t.grad_accum) and t.grad_accum >= 1:
+                rounds = max(1, t.grad_accum // pp)
+                need(
+                    t.grad_accum % rounds == 0,
+                    "train.grad_accum",
+                    t.grad_accum,
+                    f"parallel.pp_schedule=interleaved_1f1b runs the micro-batches in {rounds} rounds (train.grad_accum // parallel.pp={pp}), which must divide them",
+                    f"set train.grad_accum to {pp * rounds} (a multiple of parallel.pp) or to at most {pp}",
+                )
+        elif sched in PP_SCHEDULES:
+            need(
+                v == 1,
+                "parallel.pp_virtual",
+                v,
+                f"parallel.pp_schedule={sched} runs one stage per rank",
+                "set parallel.pp_schedule=interleaved_1f1b for several stages per rank, or parallel.pp_virtual=1",
+            )
 
     @staticmethod
     def check_hsdp(s: Any, need: Need, shape: Shape, probes: "Probes", field: str = "parallel.shard_size", what: str = "hsdp needs a shard group size") -> None:

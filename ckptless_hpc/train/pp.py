@@ -16,25 +16,33 @@ stages through ``Task.pp_split(batch) -> (inputs, target)`` (the first stage's i
 stage's loss target) and the loss through ``Task.pp_loss(output, target)``, the task's loss on
 the last stage's output (``loss(model, batch) == pp_loss(model(inputs), target)``).
 
-A step: a ``torch.distributed.pipelining`` schedule (``parallel.pp_schedule``: ``gpipe`` or
-``1f1b``) over a ``PipelineStage`` of this rank's module on the pipeline group, with the step's
-``train.grad_accum`` micro-batches as its micro-batches: the first stage feeds them, the last
-computes their losses. The stage and its schedule are built at every generation's bind around
-the same module (torch's stage keeps its group, its peers' ranks and the shapes it inferred;
-a new one infers them again on the new group in its first step: a few small messages). Then
+Interleaved (``parallel.pp_schedule=interleaved_1f1b``, ``parallel.pp_virtual=V`` >= 2): a
+pipeline of ``P`` ranks runs ``P x V`` stages, rank ``s`` of it the stages ``s, s+P, ...``
+(torch's looped placement), each cut by ``Task.pp_stage(model, stage, P*V)`` from its own copy
+of the whole model (:func:`cut_stages`); the engine's model is then :class:`Stages`, their
+union under the model's names, so a rank's state is all its stages' entries (disjoint names).
+
+A step: a ``torch.distributed.pipelining`` schedule (``parallel.pp_schedule``: ``gpipe``,
+``1f1b`` or ``interleaved_1f1b``) over a ``PipelineStage`` of each of this rank's modules on the
+pipeline group, with the step's ``train.grad_accum`` micro-batches as its micro-batches: the
+rank of the first stage feeds them, that of the last computes their losses. The stages and
+their schedule are built at every generation's bind around the same modules (torch's stage
+keeps its group, its peers' ranks and the shapes it inferred; a new one infers them again on
+the new group in its first step: a few small messages). Then
 each parameter's gradient (the sum over this replica's micro-batches) is summed over the
 replicate group and divided into the mean over the global batch; the norm is each stage's
 squares summed over the pipeline. The loss the engine reports is the mean over the world's
 ranks and micro-batches: the last stage adds each micro-batch's loss ``P`` times (the other
 stages add nothing), as the ranks of a TP group each add the same loss.
 
-Each micro-batch's forward is seeded for its data rank (``rank // P``) and index: the first
+Each micro-batch's forward is seeded for its data rank (``rank // P``), stage and index: the first
 stage as the engine seeds a rank's forward (the one-process reference's dropout for it), a
 later stage with a seed of its own (a pipeline cannot continue the first stage's random stream;
 with dropout after the first stage the masks differ from the reference's, not their law).
 
 Evaluation (``train.eval_every``): the validation batch goes through the pipeline forward only
-(a second stage and schedule around the same module, one micro-batch: the whole batch, as the
+(a second stage and schedule around the same modules, one micro-batch; several stages per rank
+through torch's ``ScheduleLoopedBFS``: the whole batch, as the
 task's ``evaluate`` sees it; rebuilt at each generation and when the batch's shape changes, which
 every rank of the pipeline sees, since they all draw the same batch), and the last stage computes
 the task's metrics on its output with ``Task.pp_evaluate(output, target)``
@@ -56,7 +64,9 @@ replica: no copy is ever sent (as hsdp and tp).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+import copy
+
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -68,7 +78,14 @@ from .evaluation import split_loss
 from .grouped import LocalState, collectives
 from .replicated import BufferSync
 
-SCHEDULES = ("gpipe", "1f1b")  # parallel.pp_schedule
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}  # parallel.pp_schedule: torch's class
+
+
+def schedule_class(name: str) -> Any:
+    """torch.distributed.pipelining's schedule class of ``parallel.pp_schedule`` ``name``."""
+    import torch.distributed.pipelining as pipelining
+
+    return getattr(pipelining, SCHEDULES[name])
 
 
 def stage_of(task: Any, model: torch.nn.Module, stage: int, n_stages: int) -> torch.nn.Module:
@@ -104,8 +121,55 @@ def stage_of(task: Any, model: torch.nn.Module, stage: int, n_stages: int) -> to
                 "which another stage holds: each stage would train its own copy. HINT: untie it, or keep the tied modules in one stage"
             )
     if not mine:
-        raise ValueError(f"{type(task).__name__}.pp_stage({stage}, {n_stages}) has no parameters. HINT: give every stage a part of the model (fewer stages: parallel.pp)")
+        raise ValueError(
+            f"{type(task).__name__}.pp_stage({stage}, {n_stages}) has no parameters. HINT: give every stage a part of the model (fewer stages: parallel.pp, parallel.pp_virtual)"
+        )
     return module
+
+
+def cut_stages(task: Any, model: torch.nn.Module, stages: List[int], n_stages: int) -> List[torch.nn.Module]:
+    """This rank's stages ``stages`` of ``n_stages`` (:func:`stage_of`), each cut from its own
+    copy of ``model`` (the first from ``model`` itself), the copies taken before any cut. A
+    buffer that several of them hold under one name (the rotary table of the model's root) is
+    made one tensor, as in the model: the stages' state has each name once."""
+    copies = [model] + [copy.deepcopy(model) for _ in stages[1:]]
+    modules = [stage_of(task, m, s, n_stages) for m, s in zip(copies, stages)]
+    first: Dict[str, torch.Tensor] = {}
+    for m in modules:
+        for prefix, sub in m.named_modules():
+            for leaf, b in list(sub._buffers.items()):
+                if b is not None:
+                    sub._buffers[leaf] = first.setdefault(f"{prefix}.{leaf}" if prefix else leaf, b)
+    return modules
+
+
+class Stages(torch.nn.Module):
+    """A rank's stages (``parallel.pp_virtual`` > 1) as the engine's one model: ``train()``,
+    ``eval()`` and ``to()`` reach them all (its children), and its parameters and buffers are
+    theirs under the whole model's names (the stages' parameters are disjoint; a buffer they
+    share by name is one tensor: :func:`cut_stages`), not under this container's prefixes. The
+    stages run through the pipeline's schedule, never through this module's forward."""
+
+    def __init__(self, stages: List[torch.nn.Module]) -> None:
+        super().__init__()
+        self.stages = torch.nn.ModuleList(stages)
+
+    def _union(self, kind: str, *args: Any) -> Iterator[Tuple[str, torch.Tensor]]:
+        seen = set()
+        for st in self.stages:
+            for n, t in getattr(st, kind)(*args):
+                if n not in seen:
+                    seen.add(n)
+                    yield n, t
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Iterator[Tuple[str, torch.nn.Parameter]]:  # type: ignore[override]
+        return self._union("named_parameters", prefix, recurse, remove_duplicate)  # type: ignore[return-value]
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True) -> Iterator[Tuple[str, torch.Tensor]]:  # type: ignore[override]
+        return self._union("named_buffers", prefix, recurse, remove_duplicate)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a rank's pipeline stages run through the pipeline's schedule (parallel=pp), not as one module")
 
 
 def _seeded_stage(base: Any) -> Any:
@@ -131,9 +195,11 @@ class PPStrategy(LocalState):
         p = engine.cfg.parallel
         self.pp = int(p.pp)
         self.schedule_name = str(p.get("pp_schedule", "gpipe"))
+        self.virtual = int(p.get("pp_virtual", 1) or 1)  # stages per rank (interleaved_1f1b)
         self.same_batch = self.pp  # the ranks of a pipeline compute the same batch
         self.stage_index = -1
-        self.module: Optional[torch.nn.Module] = None  # this rank's stage, built at the first bind
+        self.module: Optional[torch.nn.Module] = None  # this rank's stage (its stages: a Stages), built at the first bind
+        self.stage_modules: List[torch.nn.Module] = []  # this rank's stages' modules, in stage order
         self.pp_group: Any = None
         self.rep_group: Any = None
         self.rep_comm: Any = None
@@ -169,29 +235,41 @@ class PPStrategy(LocalState):
         return self.release_groups(comm, [])
 
     def bind(self, comm: Any) -> None:
-        """The first generation: the model cut to this rank's stage, then the optimizer and
-        scheduler built over the stage's parameters; every generation: a new stage and schedule
-        on its pipeline group, around the same module."""
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
+        """The first generation: the model cut to this rank's stages, then the optimizer and
+        scheduler built over their parameters; every generation: new stages and a new schedule on
+        its pipeline group, around the same modules."""
         e = self.e
         hs = comm.hsdp
         self.pp_group, self.rep_group, self.rep_comm = hs.shard, hs.replicate, hs.comms[1]
         if self.module is None:
             fsdp.stable_default_group(comm.rank, comm.world)
             self.stage_index = comm.rank % self.pp
-            self.module = stage_of(e.task, e.model, self.stage_index, self.pp)
+            self.stage_modules = cut_stages(e.task, e.model, self.stage_ids(), self.pp * self.virtual)
+            self.module = self.stage_modules[0] if self.virtual == 1 else Stages(self.stage_modules)
             e.model = e.run_model = self.module
-            e.buffers = BufferSync(self.module)  # this stage's buffers, from replica 0's same stage
+            e.buffers = BufferSync(self.module)  # this rank's stages' buffers, from replica 0's same stages
             self.build_optimizer()
-        stage = _seeded_stage(PipelineStage)(self.module, self.stage_index, self.pp, e.device, group=self.pp_group)
+        from torch.distributed.pipelining import PipelineStage
+
         data_rank = comm.rank // self.pp
-        stage.seed = lambda micro: self._seed(data_rank, micro)
-        kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[self.schedule_name]
+        stages = self._stages(_seeded_stage(PipelineStage))
+        for st in stages:
+            st.seed = lambda micro, v=st.stage_index: self._seed(data_rank, v, micro)
+        kind = schedule_class(self.schedule_name)
         # scale_grads=False: the gradients stay sums over the micro-batches, made the global mean below
-        self.schedule = kind(stage, n_microbatches=e.micro_batches, loss_fn=self._loss, scale_grads=False)
+        self.schedule = kind(stages if self.virtual > 1 else stages[0], n_microbatches=e.micro_batches, loss_fn=self._loss, scale_grads=False)
         self.eval_schedule = self._eval_key = None
         self._names_shared = False
+
+    def stage_ids(self) -> List[int]:
+        """This rank's stages, of ``pp x pp_virtual``: ``s, s + pp, s + 2 pp, ...`` (torch's
+        looped placement, which its interleaved schedules expect)."""
+        return [self.stage_index + k * self.pp for k in range(self.virtual)]
+
+    def _stages(self, cls: Any) -> List[Any]:
+        """A ``cls`` (a ``PipelineStage``) around each of this rank's stage modules, on the generation's pipeline group."""
+        n = self.pp * self.virtual
+        return [cls(m, i, n, self.e.device, group=self.pp_group) for m, i in zip(self.stage_modules, self.stage_ids())]
 
     def _loss(self, output: Any, target: Any) -> torch.Tensor:
         """The schedule's loss of one micro-batch (the last stage): the task's ``pp_loss``, its
@@ -203,12 +281,12 @@ class PPStrategy(LocalState):
         self._micro_metrics.append(metrics)
         return loss
 
-    def _seed(self, data_rank: int, micro: int) -> None:
+    def _seed(self, data_rank: int, stage: int, micro: int) -> None:
         seed = int(self.e.cfg.train.seed)
-        if self.stage_index == 0:
+        if stage == 0:
             forward_seed(seed, self._step, data_rank, micro)
         else:
-            torch.manual_seed(mix_seed(seed, self._step, data_rank, micro, 5, self.stage_index))
+            torch.manual_seed(mix_seed(seed, self._step, data_rank, micro, 5, stage))
 
     # ------------------------------------------------------------------ one step
     def _inputs(self, step: int) -> Tuple[Any, Any]:
@@ -292,13 +370,16 @@ class PPStrategy(LocalState):
 
     def _eval_schedule(self, x: torch.Tensor) -> Any:
         """The generation's forward-only schedule over one micro-batch, for batches shaped as ``x``
-        (every rank of the pipeline draws the same batch: they rebuild it together)."""
-        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+        (every rank of the pipeline draws the same batch: they rebuild it together); several
+        stages per rank go through torch's looped schedule (ScheduleLoopedBFS: each stage's
+        forward in turn)."""
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe, ScheduleLoopedBFS
 
         key = (tuple(x.shape), x.dtype)
         if self.eval_schedule is None or key != self._eval_key:
-            stage = PipelineStage(self.module, self.stage_index, self.pp, self.e.device, group=self.pp_group)
-            self.eval_schedule, self._eval_key = ScheduleGPipe(stage, n_microbatches=1), key  # no loss_fn: forward only
+            stages = self._stages(PipelineStage)
+            schedule = ScheduleLoopedBFS(stages, n_microbatches=1) if self.virtual > 1 else ScheduleGPipe(stages[0], n_microbatches=1)
+            self.eval_schedule, self._eval_key = schedule, key  # no loss_fn: forward only
         return self.eval_schedule
 
 

@@ -12,7 +12,8 @@ a fresh model and equals the same training as a plain PyTorch loop in one proces
 CI runs the pairs in ``PAIRS`` (each mode, each model and the failures of issue 30 at least once);
 ``CKPTLESS_ZOO=full`` runs every mode with every model it can carry (about 12 minutes
 here). Under ``parallel=tp`` the node killed holds a whole TP group (ranks 2 and 3), under
-``parallel=pp`` a whole pipeline (its two stages), with gpipe and with 1F1B (2 micro-batches).
+``parallel=pp`` a whole pipeline (its two stages), with gpipe, with 1F1B (2 micro-batches) and with
+interleaved 1F1B (4 stages on 2 ranks, 2 micro-batches).
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ MODES = {
     "tp_1": ("parallel=tp", "parallel.tp=2", "train.clip_grad_norm=0.5"),  # one replica over the two nodes: each rank's shard copied to the other node
     "pp_1": ("parallel=pp", "parallel.pp=2"),  # one pipeline over the two nodes: each stage's shard copied to the other node
     "pp_1f1b": ("parallel=pp", "parallel.pp=2", "parallel.pp_schedule=1f1b", "train.grad_accum=2", "cluster.workers_per_node=2", "train.clip_grad_norm=0.5"),
+    # interleaved 1F1B: 4 stages (4 layers) on a pipeline of 2 ranks, rank s holding stages s and s+2
+    "pp_interleaved": (
+        "parallel=pp", "parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b", "parallel.pp_virtual=2", "+task.n_layers=4",
+        "train.grad_accum=2", "cluster.workers_per_node=2", "train.clip_grad_norm=0.5",
+    ),
 }
 TP_MODELS = {"llama_tp"}  # the models with a tp_plan
 PP_MODELS = {"llama_pp"}  # the models with pipeline stages
@@ -64,7 +70,7 @@ FAULTS = (
 # CI's pairs: every mode and every model; the failures of issue 30: zero with the fused QKV under
 # an update kill (1), fsdp with a complex buffer and a hook that gathers DTensors (2, 3), zero with
 # a tie whose tensor rank 0 does not own (4)
-PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_tp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("tp_1", "llama_tp"), ("pp_1", "llama_pp")]
+PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_tp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("tp_1", "llama_tp"), ("pp_1", "llama_pp")]
 if os.environ.get("CKPTLESS_ZOO") == "full":
     PAIRS = [(mode, model) for mode in MODES for model in MODELS if (not mode.startswith("tp") or model in TP_MODELS) and (not mode.startswith("pp") or model in PP_MODELS)]
 
@@ -111,14 +117,14 @@ def test_every_mode_carries_the_zoo_model(mode, model, job, baseline):
     assert exported.keys() == got.keys() and all(torch.equal(exported[k], got[k]) for k in got)
 
 
-@pytest.mark.parametrize("mode", ["pp", "pp_1f1b"])
+@pytest.mark.parametrize("mode", ["pp", "pp_1f1b", "pp_interleaved"])
 def test_a_pipeline_reports_the_global_batchs_mean_loss_and_norm(mode, baseline):
     """Only a pipeline's last stage computes losses and each stage holds a part of the gradient;
     the reported loss and gradient norm of every step are still the global batch's: equal to those
     of a ddp run of the same task over as many ranks as there are pipelines (the pair's own
     fault-free run against a ddp run)."""
     pp = baseline.result(*_cfg(mode, "llama_pp"), *FAST_HB, env=ENV)
-    same = tuple(o for o in MODES[mode] if o.startswith("train."))
+    same = tuple(o for o in MODES[mode] if o.startswith(("train.", "+task.")))
     ddp = baseline.result("~task", f"+task._target_={MODELS['llama_pp']}", *SHAPE, "parallel=ddp", "cluster.workers_per_node=1", *same, env=ENV)
 
     def steps(res):
@@ -218,15 +224,16 @@ def test_tensor_parallel_evaluates_saves_and_resumes_as_data_parallel_does(job):
     assert resumed.summary["final_state_sha256"] == tp.summary["final_state_sha256"]
 
 
-def test_a_pipeline_evaluates_as_the_plain_reference_does_and_a_kill_keeps_its_values(job):
+@pytest.mark.parametrize("mode", ["pp", "pp_interleaved"])
+def test_a_pipeline_evaluates_as_the_plain_reference_does_and_a_kill_keeps_its_values(mode, job):
     """parallel=pp with train.eval_every and a task whose loss returns a metric of its own: the
     validation batches go forward through the pipeline, the last stage computes the task's metrics
     (pp_evaluate) and the lead (stage 0 of replica 0, not the last stage) reports them, and every
     step's metric (the last stage's pp_loss) too: equal to the plain reference's within 1e-5. A
     first stage killed during training (its spare learns the metric's name from its last stage)
     and a last stage killed during an evaluation: the job ends with the fault-free bits and
-    reports the same values, bitwise."""
-    cfg = ("~task", "+task._target_=models.llama.LlamaPPMetricsTask", *SHAPE, *MODES["pp"], "train.eval_every=4")
+    reports the same values, bitwise. Interleaved, each rank's two stages go forward in turn."""
+    cfg = ("~task", "+task._target_=models.llama.LlamaPPMetricsTask", *SHAPE, *MODES[mode], "train.eval_every=4")
     clean = job(*cfg, *FAST_HB, env=ENV, timeout_s=300)
     assert clean.rc == 0, clean.out[-5000:]
     got = {e["step"]: e["metrics"] for e in clean.of("eval")}

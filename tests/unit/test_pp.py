@@ -20,7 +20,7 @@ from ckptless_hpc.state import dcp as state_dcp
 from ckptless_hpc.state import export
 from ckptless_hpc.state.views import UserView, model_tensors
 from ckptless_hpc.train.data import forward_seed
-from ckptless_hpc.train.pp import PPStrategy, stage_of
+from ckptless_hpc.train.pp import PPStrategy, Stages, cut_stages, stage_of
 from models.llama import LlamaPPTask, LlamaTask
 
 pytestmark = pytest.mark.timeout(60)
@@ -39,7 +39,14 @@ def cfg(*overrides: str):
         (("parallel.pp=3",), "parallel.pp=3: pp needs a pipeline size (stages per replica) that divides the world size 4"),
         (("parallel.pp=4", "cluster.nodes=1", "cluster.workers_per_node=4"), "replication.factor=1: parallel.pp=4 makes the whole world one replica"),
         (("parallel.pp=2", "cluster.nodes=1", "cluster.workers_per_node=4"), "parallel.pp=2: every replica of some shard lives on one node"),
-        (("parallel.pp_schedule=interleaved_1f1b",), "parallel.pp_schedule='interleaved_1f1b': unknown pipeline schedule"),
+        (("parallel.pp_schedule=zero_bubble",), "parallel.pp_schedule='zero_bubble': unknown pipeline schedule"),
+        (("parallel.pp_schedule=interleaved_1f1b",), "parallel.pp_virtual=1: parallel.pp_schedule=interleaved_1f1b interleaves several stages on each rank"),
+        (("parallel.pp_virtual=2",), "parallel.pp_virtual=2: parallel.pp_schedule=gpipe runs one stage per rank"),
+        (("parallel.pp_virtual=0",), "parallel.pp_virtual=0: must be an integer >= 1"),
+        (
+            ("parallel.pp_schedule=interleaved_1f1b", "parallel.pp_virtual=2", "train.grad_accum=5"),
+            "train.grad_accum=5: parallel.pp_schedule=interleaved_1f1b runs the micro-batches in 2 rounds",
+        ),
         (("parallel.pp_schedule=1f1b", "train.grad_accum=1"), "train.grad_accum=1: parallel.pp_schedule=1f1b needs at least as many micro-batches as stages (parallel.pp=2)"),
         (("train.compile=true",), "train.compile=True: parallel=pp runs the stages' own modules"),
         (("cluster.nodes=3", "cluster.min_nodes=2"), "parallel.mode=pp cannot shrink yet"),
@@ -56,6 +63,8 @@ def test_the_layout_replicas_hold_the_same_stage_and_one_data_rank_per_pipeline(
     assert validation_errors(c, PROBES) == []
     assert validation_errors(cfg(*PP, "parallel.pp_schedule=1f1b", "train.grad_accum=2"), PROBES) == []
     assert validation_errors(cfg(*PP, "parallel.pp=2", "train.eval_every=5"), PROBES) == []  # the last stage evaluates (pp_evaluate)
+    for k in (1, 2, 4, 6):  # interleaved: at most pp micro-batches (one round), or rounds of grad_accum // pp that divide them
+        assert validation_errors(cfg(*PP, "parallel.pp_schedule=interleaved_1f1b", "parallel.pp_virtual=2", f"train.grad_accum={k}"), PROBES) == []
     lay = Layout(c)
     assert lay.shard_of == {0: 0, 1: 1, 2: 0, 3: 1, 4: 0, 5: 1} and lay.shards == 2 and lay.factor == 0
     assert lay.survives() == 2 and "pipelines of 2 stages, 3 replicas of each stage's shard" in lay.describe()
@@ -86,14 +95,19 @@ def test_the_stages_hold_the_models_own_parameters_once_and_compose_to_the_model
     assert set().union(*held) == names and sum(map(len, held)) == len(names)
     assert "tok_embeddings.weight" in held[0] and "output.weight" in held[-1] and "norm.weight" in held[-1]
     batch = task.batch(0, 0, 1, torch.Generator().manual_seed(1))
-    x, y = task.pp_split(batch)
-    h = x
-    for st in stages:
-        h = st(h)
-    assert torch.equal(h, full(x))
+    h, y = _through(stages, task, batch)
+    assert torch.equal(h, full(task.pp_split(batch)[0]))
     assert torch.equal(task.pp_loss(h, y), task.loss(full, batch))
     got, want = task.pp_evaluate(h, y), task.evaluate(full, batch)  # the last stage's evaluation is the task's
     assert got.keys() == want.keys() == {"loss", "accuracy"} and all(torch.equal(got[k], want[k]) for k in want)
+
+
+def _through(stages, task, batch):
+    """The batch's inputs through ``stages`` one after another (a pipeline in one process), and its target."""
+    h, y = task.pp_split(batch)
+    for st in stages:
+        h = st(h)
+    return h, y
 
 
 def test_a_task_without_stages_or_with_wrong_ones_is_refused_with_a_hint():
@@ -126,9 +140,10 @@ def test_evaluation_without_pp_evaluate_is_refused_with_a_hint():
     assert PPStrategy(SimpleNamespace(cfg=conf, model=None, optimizer=None, task=LlamaPPTask())).eval_schedule is None
 
 
-def _strategy(module, optimizer, task, stage: int, pp: int = 2) -> PPStrategy:
-    """A PPStrategy over one stage, without groups (collect and apply only)."""
-    conf = OmegaConf.create({"parallel": {"mode": "pp", "pp": pp, "pp_schedule": "gpipe"}, "train": {"seed": 7}})
+def _strategy(module, optimizer, task, stage: int, pp: int = 2, virtual: int = 1) -> PPStrategy:
+    """A PPStrategy over one stage (``virtual`` > 1: one rank's stages), without groups (collect and apply only)."""
+    sched = "interleaved_1f1b" if virtual > 1 else "gpipe"
+    conf = OmegaConf.create({"parallel": {"mode": "pp", "pp": pp, "pp_schedule": sched, "pp_virtual": virtual}, "train": {"seed": 7}})
     s = PPStrategy(SimpleNamespace(cfg=conf, model=module, optimizer=optimizer, task=task))
     s.module, s.stage_index = module, stage
     return s
@@ -193,7 +208,52 @@ def test_each_micro_batch_is_seeded_for_its_data_rank_the_first_stage_as_the_eng
     first._step = later._step = 3
     draws = {}
     for name, s in (("first", first), ("later", later)):
-        s._seed(1, 2)
+        s._seed(1, s.stage_index, 2)
         draws[name] = torch.rand(4)
     forward_seed(7, 3, 1, 2)
     assert torch.equal(draws["first"], torch.rand(4)) and not torch.equal(draws["later"], draws["first"])
+
+
+def test_an_interleaved_ranks_stages_are_looped_and_join_into_the_model():
+    """parallel.pp_virtual=2 on pipelines of 2: rank s holds stages s and s+2 of 4 (torch's looped
+    placement), cut from copies of one model; its ``Stages`` presents their parameters and buffers
+    under the model's names, each once (the rotary table both hold is one tensor); the ranks'
+    names are disjoint and cover the model; the four stages in order are the model's forward;
+    ``eval()`` reaches every stage; trained a step, the ranks' shards (collect) join into the model
+    trained the same way (export), and a rank's shard loads into another replica's same rank."""
+    task = LlamaPPTask(n_layers=4)
+    torch.manual_seed(0)
+    full = task.build_model()
+    ranks = []
+    for s in range(2):
+        ids = _strategy(None, None, task, s, virtual=2).stage_ids()
+        module = Stages(cut_stages(task, copy.deepcopy(full), ids, 4))
+        ranks.append(_strategy(module, torch.optim.AdamW(module.parameters(), lr=1e-2), task, s, virtual=2))
+        ranks[-1].stage_modules = list(module.stages)
+    assert [r.stage_ids() for r in ranks] == [[0, 2], [1, 3]]
+    names = [[n for n, _ in r.module.named_parameters()] for r in ranks]
+    assert not set(names[0]) & set(names[1]) and sorted(names[0] + names[1]) == sorted(n for n, _ in full.named_parameters())
+    assert "layers.2.attention.wqkv.weight" in names[0] and "output.weight" in names[1]
+    a, b = ranks[0].stage_modules
+    assert [n for n, _ in ranks[0].module.named_buffers()] == ["freqs_cis"] and a.freqs_cis is b.freqs_cis
+    ranks[0].module.eval()
+    assert not b.training
+    ranks[0].module.train()
+    order = [ranks[0].stage_modules[0], ranks[1].stage_modules[0], ranks[0].stage_modules[1], ranks[1].stage_modules[1]]
+    batch = task.batch(0, 0, 1, torch.Generator().manual_seed(1))
+    h, y = _through(order, task, batch)
+    assert torch.equal(h, full(task.pp_split(batch)[0]))
+    task.pp_loss(h, y).backward()
+    full_opt = torch.optim.AdamW(full.parameters(), lr=1e-2)
+    task.loss(full, batch).backward()
+    for opt in [r.e.optimizer for r in ranks] + [full_opt]:
+        opt.step()
+    view = UserView.of(full).to_json([n for n, _ in model_tensors(full)])
+    shards = [r.collect(1, {"user_view": view}) for r in ranks]
+    got, want = export.full_model(shards, build_model=task.build_model), full.state_dict()
+    assert got.keys() == want.keys() and all(torch.allclose(got[k], want[k], rtol=0, atol=1e-6) for k in want)
+    torch.manual_seed(1)
+    other = Stages(cut_stages(task, task.build_model(), [0, 2], 4))
+    spare = _strategy(other, torch.optim.AdamW(other.parameters(), lr=1e-2), task, 0, virtual=2)
+    assert spare.apply(*shards[0])
+    assert all(torch.equal(p, q) for p, q in zip(ranks[0].module.parameters(), other.parameters()))
