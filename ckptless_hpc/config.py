@@ -23,6 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from .state.placement import group_size
+
 FAULT_KINDS = ("none", "kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
 FAULT_MOMENTS = ("step", "update", "recovery", "send", "receive", "optimizer", "eval")
 DEVICES = ("auto", "cpu", "cuda")  # cluster.device (train/cuda.py resolves them)
@@ -484,7 +486,7 @@ class ParallelConfig:
     shard_size: Optional[int] = None
     """hsdp: ranks per shard group (world must be a multiple)."""
     tp: Optional[int] = None
-    """tp: ranks per tensor-parallel group, one replica of the model (world must be a multiple; the task gives the plan: Task.tp_plan)."""
+    """tp: ranks per tensor-parallel group, one replica of the model (world must be a multiple; the task gives the plan: Task.tp_plan); pp: each stage tensor-parallel over tp ranks (a replica: pp x tp ranks, rank r*pp*tp + s*tp + t)."""
     pp: Optional[int] = None
     """pp: stages per pipeline, one replica of the model on pp ranks (world must be a multiple; the task gives the stages: Task.pp_stage, pp_split, pp_loss; with train.eval_every, pp_evaluate)."""
     pp_schedule: str = "gpipe"
@@ -553,6 +555,13 @@ class ParallelConfig:
             return
         if p.mode == "tp":
             ParallelConfig.check_groups(p.get("tp"), r, need, shape, probes, field="parallel.tp", what="tp needs a tensor-parallel group size")
+            need(
+                p.get("pp") is None,
+                "parallel.pp",
+                p.get("pp"),
+                "parallel=tp has no pipeline",
+                f"for pipelines of TP groups use parallel=pp parallel.pp={p.get('pp')} parallel.tp={p.get('tp')}, or leave parallel.pp unset",
+            )
             return
         if p.mode == "pp":
             ParallelConfig.check_pp(p, t, r, need, shape, probes)
@@ -588,7 +597,19 @@ class ParallelConfig:
         """parallel=pp: a pipeline size dividing the world into replicas on different nodes (as
         hsdp's shard groups), a schedule torch has, enough micro-batches for 1F1B, and nothing
         the pipeline does not carry (torch.compile)."""
-        ParallelConfig.check_groups(p.get("pp"), r, need, shape, probes, field="parallel.pp", what="pp needs a pipeline size (stages per replica)")
+        tp = p.get("tp")
+        if tp is not None and not (_is_int(tp) and tp >= 1):
+            need(
+                False,
+                "parallel.tp",
+                tp,
+                "must be null or an integer >= 1 (under parallel=pp: ranks per tensor-parallel group of each stage)",
+                "set parallel.tp=2, or null for no TP",
+            )
+        elif _is_int(tp) and tp > 1 and _is_int(p.get("pp")):  # pp x tp: a replica is pp x tp ranks
+            ParallelConfig.check_groups(group_size(p), r, need, shape, probes, field=f"parallel.pp={p.pp} x parallel.tp", what="pp x tp needs a replica (pp x tp ranks)")
+        else:
+            ParallelConfig.check_groups(p.get("pp"), r, need, shape, probes, field="parallel.pp", what="pp needs a pipeline size (stages per replica)")
         sched = p.get("pp_schedule", "gpipe")
         need(sched in PP_SCHEDULES, "parallel.pp_schedule", sched, "unknown pipeline schedule", f"use one of {', '.join(PP_SCHEDULES)}")
         if sched == "1f1b" and _is_int(p.get("pp")) and _is_int(t.grad_accum):
@@ -890,7 +911,7 @@ def reduction(cfg: Any) -> str:
 def resume_shards(cfg: Any) -> int:
     """Files of a saved state for this layout: one (ddp) or one per shard."""
     mode, world = cfg.parallel.mode, Shape.of(cfg).world
-    return {"ddp": 1, "zero": world, "fsdp": world, "tp": cfg.parallel.get("tp") or 1, "pp": cfg.parallel.get("pp") or 1}.get(mode, cfg.parallel.shard_size or 1)
+    return {"ddp": 1, "zero": world, "fsdp": world}.get(mode, group_size(cfg.parallel) or 1)
 
 
 def data_world(cfg: Any) -> int:
@@ -899,7 +920,7 @@ def data_world(cfg: Any) -> int:
     world = Shape.of(cfg).world
     p = cfg.get("parallel") if hasattr(cfg, "get") else None
     mode = str(p.mode) if p is not None else "ddp"
-    size = p.get(mode) if mode in ("tp", "pp") else None
+    size = group_size(p) if mode in ("tp", "pp") else None
     if _is_int(size) and size >= 1:
         return world // int(size)
     return world

@@ -30,7 +30,7 @@ def placement(cfg: Any) -> List[str]:
     else:
         lines.append(f"state: {layout.describe()}")
         if layout.mode in ("tp", "pp"):
-            lines += mesh_lines(shape, int(layout.shard_size or 1), lambda r: name(shape.node_of(r)), layout.mode)
+            lines += mesh_lines(shape, int(layout.shard_size or 1), lambda r: name(shape.node_of(r)), layout.mode, int(cfg.parallel.get("tp") or 1) if layout.mode == "pp" else 1)
         holders = layout.place({r: name(shape.node_of(r)) for r in range(shape.world)})
         for owner, hs in sorted(holders.items()):
             if hs:
@@ -39,18 +39,30 @@ def placement(cfg: Any) -> List[str]:
     return lines
 
 
-def mesh_lines(shape: Any, tp: int, node_of: Any, mode: str = "tp") -> List[str]:
-    """The tensor-parallel mesh (replicas x tp) or the pipelines (replicas x pp stages): each
-    coordinate's rank and node, and each coordinate's replicas, which hold its shard (the copies
-    that survive a node)."""
+def mesh_lines(shape: Any, tp: int, node_of: Any, mode: str = "tp", stage_tp: int = 1) -> List[str]:
+    """The tensor-parallel mesh (replicas x tp), the pipelines (replicas x pp stages) or, pp x tp
+    (``stage_tp`` > 1), the pipelines of TP groups (replicas x pp x tp; ``tp`` is then a replica's
+    ranks): each coordinate's rank and node, and each coordinate's replicas, which hold its shard
+    (the copies that survive a node)."""
     replicas = shape.world // tp
     coord, title, c_ = ("TP coordinate", "TP coordinate", "c") if mode == "tp" else ("stage", "Stage", "s")
     out = [f"mesh: {replicas} replica(s) x {mode} {tp} (replica r, {coord} {c_} = rank r*{tp}+{c_})"]
+
+    def label(c: int) -> str:
+        return f"{c_}{c}"
+
+    if stage_tp > 1:
+        out = [f"mesh: {replicas} replica(s) x pp {tp // stage_tp} x tp {stage_tp} (replica r, stage s, TP rank t = rank r*{tp}+s*{stage_tp}+t)"]
+        title = "Coordinate"
+
+        def label(c: int) -> str:
+            return f"s{c // stage_tp}t{c % stage_tp}"
+
     for r in range(replicas):
-        out.append(f"  replica {r}: " + ", ".join(f"{c_}{c}=rank {r * tp + c}@{node_of(r * tp + c)}" for c in range(tp)))
+        out.append(f"  replica {r}: " + ", ".join(f"{label(c)}=rank {r * tp + c}@{node_of(r * tp + c)}" for c in range(tp)))
     for c in range(tp):
         nodes = sorted({node_of(r * tp + c) for r in range(replicas)})
-        out.append(f"  {title} {c}: held by {replicas} replica(s) on {len(nodes)} node(s) ({', '.join(nodes)})")
+        out.append(f"  {title} {c if stage_tp == 1 else label(c)}: held by {replicas} replica(s) on {len(nodes)} node(s) ({', '.join(nodes)})")
     return out
 
 

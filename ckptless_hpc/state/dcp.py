@@ -74,13 +74,20 @@ def optimizer_state(shards: Sequence[Shard]) -> Dict[str, Any]:
             fqn, _, k = key.rpartition(".")
             state.setdefault(fqn, {})[k] = v
         _merge_groups(groups, [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[i] for i in g["params"]]} for g in meta["param_groups"]])
-    dims = shards[0][1].get("shard_dims") if shards else None  # tensor parallel: the dimension each sharded parameter is split along
+    dims = shard_dims(shards)
     for (fqn, key), ts in parts.items():
         if dims is not None and fqn not in dims:
             state.setdefault(fqn, {})[key] = ts[0]  # replicated: whole in every shard
             continue
         state.setdefault(fqn, {})[key] = torch.cat(ts, dim=(dims or {}).get(fqn, 0)) if len(ts) > 1 and ts[0].dim() > 0 else ts[0]
     return {"state": state, "param_groups": groups}
+
+
+def shard_dims(shards: Sequence[Tuple[Any, Dict[str, Any]]]) -> Optional[Dict[str, int]]:
+    """Tensor parallel: the dimension each sharded parameter is split along, over every shard's
+    ``meta["shard_dims"]`` (pp x tp: each stage's ranks name their own stage's); None without TP."""
+    metas = [m["shard_dims"] for _, m in shards if m.get("shard_dims") is not None]
+    return {n: d for dims in metas for n, d in dims.items()} if metas else None
 
 
 def _merge_groups(into: List[Dict[str, Any]], groups: List[Dict[str, Any]]) -> None:

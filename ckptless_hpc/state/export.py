@@ -51,7 +51,7 @@ def job_view(shards: Sequence[Tuple[List[Tuple[str, torch.Tensor]], Dict[str, An
     dimension ``meta["shard_dims"]`` names, whole where it names none), ``buffer/<name>`` whole."""
     whole: Dict[str, torch.Tensor] = {}
     parts: Dict[str, List[torch.Tensor]] = {}
-    dims = shards[0][1].get("shard_dims") if shards else None
+    dims = dcp.shard_dims(shards)
     if dims is not None:  # tensor parallel: a parameter no plan shards is whole in every shard
         for entries, _ in shards:
             for name, t in entries:

@@ -34,10 +34,14 @@ def sends_copies(mode: str, world: int, group: Optional[int]) -> bool:
 
 
 def group_size(parallel: Any) -> Optional[int]:
-    """Ranks per replica group of a ``parallel`` config: hsdp's shard_size, tp's tp, pp's pp (else None)."""
+    """Ranks per replica group of a ``parallel`` config: hsdp's shard_size, tp's tp, pp's pp
+    (pp x tp: pp * tp, a replica's pipelines of TP groups; else None)."""
     mode = str(getattr(parallel, "mode", "ddp"))
-    if mode in ("tp", "pp"):
-        return getattr(parallel, mode, None)
+    if mode == "pp":
+        pp, tp = getattr(parallel, "pp", None), getattr(parallel, "tp", None)
+        return pp * tp if isinstance(pp, int) and isinstance(tp, int) and tp > 1 else pp
+    if mode == "tp":
+        return getattr(parallel, "tp", None)
     return getattr(parallel, "shard_size", None)
 
 

@@ -10,12 +10,15 @@ destroyed); a collective that fails inside the step raises ``StepFailed``.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
 from ..state.snapshot import Entries, plain_meta
 from . import fsdp
+from .comm import Communicator
 from .strategy import OneOptimizer
 
 
@@ -39,6 +42,46 @@ def collectives(what: str) -> Iterator[None]:
         if is_comm_error(err):
             raise StepFailed(f"{what}: {err}") from None
         raise
+
+
+@dataclass
+class MeshGroups(fsdp.HSDPGroups):
+    """pp x tp's groups of a generation: ``shard`` is the pipeline, ``replicate`` the replicate
+    group (as pp's), ``tp`` the stage's TP group; ``extra`` what :meth:`groups` adds for release."""
+
+    tp: Any = None
+    extra: List[Any] = field(default_factory=list)
+
+    def groups(self) -> List[Any]:
+        return [*super().groups(), *self.extra]
+
+
+def mesh_coordinate(rank: int, pp: int, tp: int) -> Tuple[int, int, int]:
+    """(replica, stage, TP rank) of ``rank`` in replicas of ``pp x tp`` ranks: rank = r*pp*tp + s*tp + t
+    (a stage's TP group is consecutive ranks: one node, or one fast domain)."""
+    r, c = divmod(rank, pp * tp)
+    s, t = divmod(c, tp)
+    return r, s, t
+
+
+def form_mesh_groups(store: Any, comm: Any, pp: int, tp: int, host: str, timeout_s: float, device: torch.device) -> MeshGroups:
+    """Generation ``comm.gen``'s pp x tp groups, each formed by ``Communicator.form`` on its own
+    prefix of the job store and registered as ``gen<g>/<kind>``: the pipeline (same replica and
+    TP rank), the stage's TP group (same replica and stage), the replicate group (same
+    coordinate in every replica)."""
+    size = pp * tp
+    r, s, t = mesh_coordinate(comm.rank, pp, tp)
+    kinds = [
+        (f"pp{r}_{t}", [r * size + i * tp + t for i in range(pp)]),
+        (f"rep{s}_{t}", list(range(s * tp + t, comm.world, size))),
+        (f"tp{r}_{s}", [r * size + s * tp + i for i in range(tp)]),
+    ]
+    comms, pgs = [], []
+    for kind, ranks in kinds:
+        c = Communicator.form(dist.PrefixStore(f"mesh/{kind}", store), comm.gen, ranks.index(comm.rank), len(ranks), host, timeout_s, device, comm.backend)
+        comms.append(c)
+        pgs.append(fsdp.register_group(c, f"gen{comm.gen}/{kind}", ranks))
+    return MeshGroups(pgs[0], pgs[1], s * tp + t, r, comms[:2], tp=pgs[2], extra=[pgs[2], comms[2]])
 
 
 class LocalState(OneOptimizer):

@@ -22,6 +22,14 @@ pipeline of ``P`` ranks runs ``P x V`` stages, rank ``s`` of it the stages ``s, 
 of the whole model (:func:`cut_stages`); the engine's model is then :class:`Stages`, their
 union under the model's names, so a rank's state is all its stages' entries (disjoint names).
 
+pp x tp (``parallel.tp=T`` > 1): a replica is ``P x T`` ranks, rank ``r*P*T + s*T + t`` TP rank
+``t`` of stage ``s`` (:func:`.grouped.mesh_coordinate`); the generation's groups are the pipeline
+(same replica and TP rank), the stage's TP group and the replicate group (same ``(s, t)`` in
+every replica: :func:`.grouped.form_mesh_groups`). Each stage module is parallelized with the
+task's plan (``Task.tp_plan(stage)``) on a 1-D mesh over the TP group (tp.py's, re-pointed at
+every later generation's group); the state is then its local shards and, in the metadata, the
+dimension each is split along.
+
 A step: a ``torch.distributed.pipelining`` schedule (``parallel.pp_schedule``: ``gpipe``,
 ``1f1b`` or ``interleaved_1f1b``) over a ``PipelineStage`` of each of this rank's modules on the
 pipeline group, with the step's ``train.grad_accum`` micro-batches as its micro-batches: the
@@ -75,8 +83,10 @@ from . import fsdp
 from ..tasks.base import mix_seed
 from .data import forward_seed
 from .evaluation import split_loss
-from .grouped import LocalState, collectives
+from .grouped import LocalState, collectives, form_mesh_groups, mesh_coordinate
 from .replicated import BufferSync
+from .torch_private import rebind_mesh, unbind_mesh
+from .tp import parallelize, sharded_squares, tp_mesh
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}  # parallel.pp_schedule: torch's class
 
@@ -196,7 +206,11 @@ class PPStrategy(LocalState):
         self.pp = int(p.pp)
         self.schedule_name = str(p.get("pp_schedule", "gpipe"))
         self.virtual = int(p.get("pp_virtual", 1) or 1)  # stages per rank (interleaved_1f1b)
-        self.same_batch = self.pp  # the ranks of a pipeline compute the same batch
+        self.tp = int(p.get("tp") or 1)  # pp x tp: each stage tensor-parallel over tp ranks
+        self.same_batch = self.pp * self.tp  # the ranks of a replica (its pipelines of TP groups) compute the same batch
+        self.mesh: Any = None  # pp x tp: the 1-D mesh over the stage's TP group, re-pointed at each generation's
+        self.tp_group: Any = None
+        self.shard_dims: Dict[str, int] = {}  # pp x tp: the dimension each sharded parameter of this rank's stages is split along
         self.stage_index = -1
         self.module: Optional[torch.nn.Module] = None  # this rank's stage (its stages: a Stages), built at the first bind
         self.stage_modules: List[torch.nn.Module] = []  # this rank's stages' modules, in stage order
@@ -222,16 +236,25 @@ class PPStrategy(LocalState):
         return self.module is not None
 
     # ------------------------------------------------------------------ generations (cut to its stage, and given its optimizer, at the first bind)
+    def meta_extra(self) -> Dict[str, Any]:
+        return {"shard_dims": dict(self.shard_dims)} if self.tp > 1 else {}  # what the export joins the TP shards along
+
     def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
-        """The generation's pipeline and replicate groups (train/fsdp.py's hsdp groups), as ``comm.hsdp``."""
+        """The generation's pipeline and replicate groups (train/fsdp.py's hsdp groups; pp x tp:
+        and the stage's TP group, train/grouped.py), as ``comm.hsdp``."""
         e = self.e
-        comm.hsdp = fsdp.form_hsdp_groups(store, comm.gen, comm.rank, comm.world, self.pp, host, timeout_s, e.device, comm.backend)
+        if self.tp > 1:
+            comm.hsdp = form_mesh_groups(store, comm, self.pp, self.tp, host, timeout_s, e.device)
+        else:
+            comm.hsdp = fsdp.form_hsdp_groups(store, comm.gen, comm.rank, comm.world, self.pp, host, timeout_s, e.device, comm.backend)
 
     def let_go(self, comm: Any) -> bool:
         """The generation's groups are destroyed at once, in a thread (a peer blocked in one that
         did not fail here is released only then), after the stage and schedule let go of them."""
         self.schedule = self.eval_schedule = None
-        self.pp_group = self.rep_group = self.rep_comm = None
+        self.pp_group = self.rep_group = self.rep_comm = self.tp_group = None
+        if self.mesh is not None:
+            unbind_mesh(self.mesh)
         return self.release_groups(comm, [])
 
     def bind(self, comm: Any) -> None:
@@ -240,18 +263,24 @@ class PPStrategy(LocalState):
         its pipeline group, around the same modules."""
         e = self.e
         hs = comm.hsdp
-        self.pp_group, self.rep_group, self.rep_comm = hs.shard, hs.replicate, hs.comms[1]
+        self.pp_group, self.rep_group, self.rep_comm, self.tp_group = hs.shard, hs.replicate, hs.comms[1], getattr(hs, "tp", None)
+        if self.mesh is not None:
+            rebind_mesh(self.mesh, self.tp_group)
         if self.module is None:
             fsdp.stable_default_group(comm.rank, comm.world)
-            self.stage_index = comm.rank % self.pp
+            self.stage_index = mesh_coordinate(comm.rank, self.pp, self.tp)[1]
             self.stage_modules = cut_stages(e.task, e.model, self.stage_ids(), self.pp * self.virtual)
+            if self.tp > 1:  # each stage parallelized with the task's plan on one mesh over the stage's TP group
+                self.mesh = tp_mesh(self.tp_group, comm.rank, e.device)
+                for m in self.stage_modules:
+                    self.shard_dims.update(parallelize(e.task, m, self.mesh))
             self.module = self.stage_modules[0] if self.virtual == 1 else Stages(self.stage_modules)
             e.model = e.run_model = self.module
             e.buffers = BufferSync(self.module)  # this rank's stages' buffers, from replica 0's same stages
             self.build_optimizer()
         from torch.distributed.pipelining import PipelineStage
 
-        data_rank = comm.rank // self.pp
+        data_rank = comm.rank // self.same_batch
         stages = self._stages(_seeded_stage(PipelineStage))
         for st in stages:
             st.seed = lambda micro, v=st.stage_index: self._seed(data_rank, v, micro)
@@ -344,12 +373,16 @@ class PPStrategy(LocalState):
                 e.metrics.add({n: 0.0 for n in names[0]}, e.device, weight=0.0)  # the sums stay zeros: the names and the vector's length
 
     def _collective_norm(self) -> torch.Tensor:
-        """The global L2 norm: each stage's squares, summed over the pipeline (the stages hold
-        disjoint parameters; every replica holds the same reduced gradients)."""
-        sq = torch.zeros((), dtype=torch.float64)
-        for p in self.module.parameters():  # type: ignore[union-attr]
-            if p.grad is not None:
-                sq += torch.linalg.vector_norm(p.grad, 2, dtype=torch.float64).pow(2).cpu()
+        """The global L2 norm: each stage's squares (pp x tp: its TP group's, tp.py's), summed
+        over the pipeline (the stages hold disjoint parameters; every replica holds the same
+        reduced gradients)."""
+        if self.tp > 1:
+            sq = sharded_squares(self.module, self.tp_group)  # type: ignore[arg-type]
+        else:
+            sq = torch.zeros((), dtype=torch.float64)
+            for p in self.module.parameters():  # type: ignore[union-attr]
+                if p.grad is not None:
+                    sq += torch.linalg.vector_norm(p.grad, 2, dtype=torch.float64).pow(2).cpu()
         dist.all_reduce(sq, group=self.pp_group)
         return sq.sqrt()
 

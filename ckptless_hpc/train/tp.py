@@ -67,6 +67,41 @@ def plan_of(task: Any, model: torch.nn.Module) -> Dict[str, Any]:
     return dict(plan)
 
 
+def tp_mesh(tp_group: Any, rank: int, device: torch.device) -> Any:
+    """A 1-D DeviceMesh over the generation's TP group (re-pointed at each later generation's:
+    :func:`.torch_private.rebind_mesh`)."""
+    return P.mesh_of(tp_group, dist.get_process_group_ranks(tp_group), rank, device.type)
+
+
+def parallelize(task: Any, model: torch.nn.Module, mesh: Any) -> Dict[str, int]:
+    """``model`` parallelized in place on the 1-D TP ``mesh`` with the task's plan; the dimension
+    each sharded parameter is split along (what the export joins the TP shards along)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    # src_data_rank=None: each rank keeps its own slice of the model it built (the same seeded
+    # model everywhere) instead of a scatter from the group's first rank: a spare joining a
+    # group of survivors, who parallelized long ago, would wait on that scatter forever
+    parallelize_module(model, mesh, plan_of(task, model), src_data_rank=None)
+    return {n: d for n, p in model.named_parameters() if (d := _shard_dim(p)) is not None}
+
+
+def sharded_squares(model: torch.nn.Module, tp_group: Any) -> torch.Tensor:
+    """The squared L2 norm of a TP group's gradients: the sharded gradients' local squares summed
+    over ``tp_group`` (a collective), the replicated ones' added once (every rank holds them whole)."""
+    sharded = torch.zeros((), dtype=torch.float64)
+    replicated = torch.zeros((), dtype=torch.float64)
+    for p in model.parameters():
+        if p.grad is None:
+            continue
+        sq = torch.linalg.vector_norm(fsdp._local(p.grad), 2, dtype=torch.float64).pow(2).cpu()
+        if _shard_dim(p) is not None:
+            sharded += sq
+        else:
+            replicated += sq
+    dist.all_reduce(sharded, group=tp_group)
+    return sharded + replicated
+
+
 class TPStrategy(LocalState):
     """``parallel=tp`` (train/strategy.py; what it shares with fsdp and pp: train/grouped.py)."""
 
@@ -110,16 +145,9 @@ class TPStrategy(LocalState):
         if self.mesh is not None:
             P.rebind_mesh(self.mesh, self.tp_group)
             return
-        from torch.distributed.tensor.parallel import parallelize_module
-
         fsdp.stable_default_group(comm.rank, comm.world)
-        ranks = dist.get_process_group_ranks(self.tp_group)
-        self.mesh = P.mesh_of(self.tp_group, ranks, comm.rank, e.device.type)
-        # src_data_rank=None: each rank keeps its own slice of the model it built (the same seeded
-        # model everywhere) instead of a scatter from the group's first rank: a spare joining a
-        # group of survivors, who parallelized long ago, would wait on that scatter forever
-        parallelize_module(e.model, self.mesh, plan_of(e.task, e.model), src_data_rank=None)
-        self.shard_dims = {n: d for n, p in e.model.named_parameters() if (d := _shard_dim(p)) is not None}
+        self.mesh = tp_mesh(self.tp_group, comm.rank, e.device)
+        self.shard_dims = parallelize(e.task, e.model, self.mesh)
         self.build_optimizer()
 
     # ------------------------------------------------------------------ one step
@@ -145,15 +173,4 @@ class TPStrategy(LocalState):
     def _collective_norm(self) -> torch.Tensor:
         """The global L2 norm: the sharded gradients' local squares summed over the TP group,
         the replicated ones' added once (every rank of the group holds them whole)."""
-        sharded = torch.zeros((), dtype=torch.float64)
-        replicated = torch.zeros((), dtype=torch.float64)
-        for p in self.e.model.parameters():
-            if p.grad is None:
-                continue
-            sq = torch.linalg.vector_norm(fsdp._local(p.grad), 2, dtype=torch.float64).pow(2).cpu()
-            if _shard_dim(p) is not None:
-                sharded += sq
-            else:
-                replicated += sq
-        dist.all_reduce(sharded, group=self.tp_group)
-        return (sharded + replicated).sqrt()
+        return sharded_squares(self.e.model, self.tp_group).sqrt()

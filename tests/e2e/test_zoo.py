@@ -13,7 +13,8 @@ CI runs the pairs in ``PAIRS`` (each mode, each model and the failures of issue 
 ``CKPTLESS_ZOO=full`` runs every mode with every model it can carry (about 12 minutes
 here). Under ``parallel=tp`` the node killed holds a whole TP group (ranks 2 and 3), under
 ``parallel=pp`` a whole pipeline (its two stages), with gpipe, with 1F1B (2 micro-batches) and with
-interleaved 1F1B (4 stages on 2 ranks, 2 micro-batches).
+interleaved 1F1B (4 stages on 2 ranks, 2 micro-batches); under ``pp x tp`` a whole replica (a
+pipeline of 2 stages, each a TP group of 2), then both TP ranks of stage 0.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ MODELS = {
     "counters": "models.counters.CountersTask",
     "llama_tp": "models.llama.LlamaTPTask",  # wq/wk/wv apart and a tensor-parallel plan (tp_plan)
     "llama_pp": "models.llama.LlamaPPTask",  # pipeline stages (pp_stage, pp_split, pp_loss), torchtitan's manual split
+    "llama_parallel": "models.llama.LlamaParallelTask",  # both: pipeline stages and a tensor-parallel plan
 }
 MODES = {
     "ddp": ("parallel=ddp",),
@@ -58,9 +60,11 @@ MODES = {
         "parallel=pp", "parallel.pp=2", "parallel.pp_schedule=interleaved_1f1b", "parallel.pp_virtual=2", "+task.n_layers=4",
         "train.grad_accum=2", "cluster.workers_per_node=2", "train.clip_grad_norm=0.5",
     ),
+    # pp x tp: a replica per node, 2 stages each tensor-parallel over 2 ranks (rank r*4 + s*2 + t), two replicas
+    "pp_tp": ("parallel=pp", "parallel.pp=2", "parallel.tp=2", "cluster.workers_per_node=4", "train.grad_accum=2", "train.clip_grad_norm=0.5"),
 }
-TP_MODELS = {"llama_tp"}  # the models with a tp_plan
-PP_MODELS = {"llama_pp"}  # the models with pipeline stages
+TP_MODELS = {"llama_tp", "llama_parallel"}  # the models with a tp_plan
+PP_MODELS = {"llama_pp", "llama_parallel"}  # the models with pipeline stages
 SHAPE = ("cluster.nodes=2", "cluster.spare_nodes=2", "train.steps=12", "optim.warmup_steps=2")
 FAST_HB = ("cluster.heartbeat_interval_s=0.25", "cluster.heartbeat_timeout_s=1.5")
 FAULTS = (
@@ -70,9 +74,14 @@ FAULTS = (
 # CI's pairs: every mode and every model; the failures of issue 30: zero with the fused QKV under
 # an update kill (1), fsdp with a complex buffer and a hook that gathers DTensors (2, 3), zero with
 # a tie whose tensor rank 0 does not own (4)
-PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_tp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("tp_1", "llama_tp"), ("pp_1", "llama_pp")]
+PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_tp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("pp_tp", "llama_parallel"), ("tp_1", "llama_tp"), ("pp_1", "llama_pp")]
 if os.environ.get("CKPTLESS_ZOO") == "full":
-    PAIRS = [(mode, model) for mode in MODES for model in MODELS if (not mode.startswith("tp") or model in TP_MODELS) and (not mode.startswith("pp") or model in PP_MODELS)]
+    PAIRS = [
+        (mode, model)
+        for mode in MODES
+        for model in MODELS
+        if (not mode.startswith("tp") or model in TP_MODELS) and (not mode.startswith("pp") or model in PP_MODELS) and (mode != "pp_tp" or model in TP_MODELS)
+    ]
 
 
 def _cfg(mode: str, model: str) -> tuple:
@@ -117,15 +126,15 @@ def test_every_mode_carries_the_zoo_model(mode, model, job, baseline):
     assert exported.keys() == got.keys() and all(torch.equal(exported[k], got[k]) for k in got)
 
 
-@pytest.mark.parametrize("mode", ["pp", "pp_1f1b", "pp_interleaved"])
-def test_a_pipeline_reports_the_global_batchs_mean_loss_and_norm(mode, baseline):
+@pytest.mark.parametrize("mode, model", [("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("pp_tp", "llama_parallel")])
+def test_a_pipeline_reports_the_global_batchs_mean_loss_and_norm(mode, model, baseline):
     """Only a pipeline's last stage computes losses and each stage holds a part of the gradient;
     the reported loss and gradient norm of every step are still the global batch's: equal to those
     of a ddp run of the same task over as many ranks as there are pipelines (the pair's own
     fault-free run against a ddp run)."""
-    pp = baseline.result(*_cfg(mode, "llama_pp"), *FAST_HB, env=ENV)
+    pp = baseline.result(*_cfg(mode, model), *FAST_HB, env=ENV)
     same = tuple(o for o in MODES[mode] if o.startswith(("train.", "+task.")))
-    ddp = baseline.result("~task", f"+task._target_={MODELS['llama_pp']}", *SHAPE, "parallel=ddp", "cluster.workers_per_node=1", *same, env=ENV)
+    ddp = baseline.result("~task", f"+task._target_={MODELS[model]}", *SHAPE, "parallel=ddp", "cluster.workers_per_node=1", *same, env=ENV)
 
     def steps(res):
         return {e["step"]: (e["loss"], e["grad_norm"]) for e in res.of("step")}

@@ -20,6 +20,7 @@ from ckptless_hpc.state import dcp as state_dcp
 from ckptless_hpc.state import export
 from ckptless_hpc.state.views import UserView, model_tensors
 from ckptless_hpc.train.data import forward_seed
+from ckptless_hpc.train.grouped import mesh_coordinate
 from ckptless_hpc.train.pp import PPStrategy, Stages, cut_stages, stage_of
 from models.llama import LlamaPPTask, LlamaTask
 
@@ -51,6 +52,8 @@ def cfg(*overrides: str):
         (("train.compile=true",), "train.compile=True: parallel=pp runs the stages' own modules"),
         (("cluster.nodes=3", "cluster.min_nodes=2"), "parallel.mode=pp cannot shrink yet"),
         (("parallel.param_dtype=bf16",), "FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not pp"),
+        (("parallel.tp=0",), "parallel.tp=0: must be null or an integer >= 1"),
+        (("parallel.tp=2", "cluster.nodes=3"), "parallel.pp=2 x parallel.tp=4: pp x tp needs a replica (pp x tp ranks) that divides the world size 6"),
     ],
 )
 def test_a_pp_layout_that_cannot_work_is_refused_naming_the_field(overrides, needle):
@@ -257,3 +260,39 @@ def test_an_interleaved_ranks_stages_are_looped_and_join_into_the_model():
     spare = _strategy(other, torch.optim.AdamW(other.parameters(), lr=1e-2), task, 0, virtual=2)
     assert spare.apply(*shards[0])
     assert all(torch.equal(p, q) for p, q in zip(ranks[0].module.parameters(), other.parameters()))
+
+
+def test_pp_x_tp_replicas_are_pipelines_of_tp_groups_each_coordinate_held_by_every_replica():
+    """parallel=pp with parallel.tp=2: a replica is pp x tp ranks (rank r*4 + s*2 + t: a stage's
+    TP group consecutive, on one node), its coordinate (stage, TP rank) the shard every replica
+    holds; the data is split over the replicas; the dry run prints the 2-D mesh; parallel=tp with
+    parallel.pp set is refused, pointing at this layout."""
+    c = cfg("parallel=pp", "parallel.pp=2", "parallel.tp=2", "cluster.workers_per_node=4")
+    assert validation_errors(c, PROBES) == []
+    lay = Layout(c)
+    assert lay.shard_of == {0: 0, 1: 1, 2: 2, 3: 3, 4: 0, 5: 1, 6: 2, 7: 3} and lay.survives() == 1
+    assert data_world(c) == 2 and resume_shards(c) == 4
+    assert [mesh_coordinate(r, 2, 2) for r in (0, 1, 2, 3, 6)] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 1, 0)]
+    from ckptless_hpc.launch.dryrun import placement
+
+    lines = placement(c)
+    assert "mesh: 2 replica(s) x pp 2 x tp 2 (replica r, stage s, TP rank t = rank r*4+s*2+t)" in lines
+    assert "  replica 1: s0t0=rank 4@local1, s0t1=rank 5@local1, s1t0=rank 6@local1, s1t1=rank 7@local1" in lines
+    assert "  Coordinate s1t0: held by 2 replica(s) on 2 node(s) (local0, local1)" in lines
+    errors = validation_errors(cfg("parallel=tp", "parallel.pp=2", "cluster.workers_per_node=2"), PROBES)
+    assert any("parallel.pp=2: parallel=tp has no pipeline" in e and "use parallel=pp parallel.pp=2 parallel.tp=2" in e for e in errors), errors
+
+
+def test_pp_x_tp_shards_join_along_each_stages_own_shard_dims():
+    """Each stage's ranks name the shard dimensions of their own stage only: the export and the
+    optimizer's merge join every stage's TP shards by the union of the shards' dimensions."""
+    a, b = torch.arange(8.0).reshape(2, 4), torch.arange(6.0).reshape(3, 2)
+    shards = [
+        ([("param/a", a[:1]), ("optim/a/exp_avg", a[:1])], {"shard_dims": {"a": 0}}),
+        ([("param/a", a[1:]), ("optim/a/exp_avg", a[1:])], {"shard_dims": {"a": 0}}),
+        ([("param/b", b[:, :1])], {"shard_dims": {"b": 1}}),
+        ([("param/b", b[:, 1:])], {"shard_dims": {"b": 1}}),
+    ]
+    assert state_dcp.shard_dims(shards) == {"a": 0, "b": 1} and state_dcp.shard_dims([([], {})]) is None
+    got = export.job_view(shards)
+    assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
