@@ -120,3 +120,33 @@ def test_a_straggler_is_replaced_at_a_boundary_and_the_step_time_comes_back(job,
     after = sorted(steps[k] for k in range(move["target_step"] + 5, s["steps_completed"] + 1))
     assert slowed[len(slowed) // 2] > 2 * healthy, (healthy, slowed)  # the straggler slowed every step of the job
     assert after[len(after) // 2] < 1.5 * healthy, (healthy, after)  # ... until its rank moved to a healthy process
+
+
+# a survivor dies as the move's hold reaches it (fault.at=recovery: on the move's abort, before the
+# boundary); the incoming spare dies while it receives the moved rank's state (after the plan took effect)
+FAILURE_DURING_MOVE = {
+    "survivor": ("fault=kill_worker", "fault.rank=0", "fault.at=recovery", "fault.step=1", "cluster.spare_nodes=2"),
+    "incoming_spare": ("fault=kill_worker", "fault.rank=1", "fault.at=receive", "fault.step=1"),
+}
+
+
+@pytest.mark.parametrize("victim", sorted(FAILURE_DURING_MOVE))
+def test_a_failure_during_a_move_falls_back_to_an_ordinary_recovery_bitwise(tmp_path, baseline, victim):
+    cfg = (*TASK, "parallel=ddp")
+    res, drain = drained_run(tmp_path / "run", (*cfg, *FAILURE_DURING_MOVE[victim]))
+    assert res.rc == 0, res.out[-4000:]
+    s = res.summary
+    assert s["final_state_sha256"] == baseline(*cfg, env=ENV)
+    (planned,) = res.of("move_planned")[:1]
+    (fired,) = res.of("fault_injected")
+    rec = s["recoveries"][0]
+    assert rec["planned"] is None and rec["failed_ranks"] == [fired["rank"]], rec  # the failure's own record
+    if victim == "survivor":  # the spare took rank 0; the drain, asked again, moved rank 1 to the second spare
+        (move,) = s["moves"]
+        assert move["planned"]["kind"] == "drain" and move["failed_nodes"] == ["local1"] and move["target_step"] > planned["step"], move
+        assert drain.returncode == 0 and "moved at step" in drain.stdout, drain.stdout + drain.stderr
+        assert [e["worker"] for e in res.of("worker_released")] == ["local1.0"]
+    else:  # the rank went back to the leaving worker, at the boundary: nothing rolled back or redone
+        assert rec["failed_workers"] == ["local2.0"] and rec["target_step"] == planned["step"], rec
+        steps = [e["step"] for e in res.of("step")]
+        assert sorted(steps) == list(range(1, s["steps_completed"] + 1)), "a step was redone or lost"
