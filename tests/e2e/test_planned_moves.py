@@ -130,9 +130,9 @@ FAILURE_DURING_MOVE = {
 }
 
 
-@pytest.mark.parametrize("victim", sorted(FAILURE_DURING_MOVE))
-def test_a_failure_during_a_move_falls_back_to_an_ordinary_recovery_bitwise(tmp_path, baseline, victim):
-    cfg = (*TASK, "parallel=ddp")
+@pytest.mark.parametrize("victim,mode", [("survivor", "ddp"), ("incoming_spare", "ddp"), ("incoming_spare", "zero")])
+def test_a_failure_during_a_move_falls_back_to_an_ordinary_recovery_bitwise(tmp_path, baseline, victim, mode):
+    cfg = (*TASK, f"parallel={mode}")
     res, drain = drained_run(tmp_path / "run", (*cfg, *FAILURE_DURING_MOVE[victim]))
     assert res.rc == 0, res.out[-4000:]
     s = res.summary
