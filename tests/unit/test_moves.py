@@ -249,3 +249,36 @@ def test_a_survivor_dying_after_the_spare_took_the_rank_keeps_the_move():
     assert kinds(acts) == ["Release", "Exclude", "Reformed", "LeaveRecovery"]
     assert of(acts, "Release")[0].workers == ("n1.0",) and of(acts, "Exclude")[0].node == "n1"
     assert job.members.workers["n1.0"].role == "dead" and job.moves.wanted == {}
+
+
+def test_a_shrunk_job_grows_back_before_it_drains_and_drains_on_the_next_spare():
+    """A rank without a process of its own is worse than a node to drain: with one built spare, a
+    shrunk job grows back first; the drain, asked meanwhile, waits for the next spare."""
+    elastic = RecoveryOptions(60.0, 300.0, 3.0, 0.5, min_nodes=2, world=3)
+    m = membership(3, 1, 0)
+    job = JobMachine(m, Layout(cfg("task=mlp", "cluster.nodes=3")), 3, Options(300.0, True, 0, elastic, total_steps=1000))
+    job.advance(T0, Inputs(built=True))
+    job.lost("n2.0", m.lose("n2.0"), "killed (test)", T0 + 1)
+    carry_out(job, job.advance(T0 + 1)[0])
+    hold_all(job, 7, ["n0.0", "n1.0"])
+    carry_out(job, job.advance(T0 + 1.1)[0])
+    form(job, T0 + 1.2)
+    assert job.vacant == 1  # shrunk: rank 2 trained by the survivors
+    m.add_node("r0", "spare")
+    m.workers["r0.0"].built = True
+    job.committed(9, 0.1)
+    assert job.request_move("n0", DRAIN, "maintenance") is None
+    acts, _ = job.advance(T0 + 2)
+    carry_out(job, acts)
+    assert [e["kind"] for e in events(acts, "move_planned")] == ["grow"] and list(job.moves.wanted) == ["n0"]
+    hold_all(job, 14, ["n0.0", "n1.0"])
+    carry_out(job, job.advance(T0 + 2.1)[0])
+    form(job, T0 + 2.2)
+    assert job.vacant == 0 and job.members.ranks[2] == "r0.0"
+    job.committed(20, 0.1)
+    assert not job.attention()  # no spare left for the drain: it waits
+    m.add_node("r1", "spare")
+    m.workers["r1.0"].built = True
+    assert job.attention()
+    acts, _ = job.advance(T0 + 3)
+    assert [e["kind"] for e in events(acts, "move_planned")] == ["drain"] and of(acts, "Abort")[0].at_step == 25
