@@ -27,10 +27,17 @@ class StepFailed(RuntimeError):
 
 
 def is_comm_error(e: BaseException) -> bool:
-    if isinstance(e, getattr(torch.distributed, "DistError", ())):
-        return True
-    text = str(e)
-    return isinstance(e, RuntimeError) and any(s in text for s in ("gloo", "Gloo", "Connection closed", "Connection reset", "NCCL", "no group"))
+    """A failed collective, or an error raised from one (torch's pipeline stage re-raises a
+    forward's failure, a TP collective's under pp x tp, as its own ``RuntimeError`` from it)."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, getattr(torch.distributed, "DistError", ())):
+            return True
+        text = str(seen)
+        if isinstance(seen, RuntimeError) and any(s in text for s in ("gloo", "Gloo", "Connection closed", "Connection reset", "NCCL", "no group")):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 @contextmanager

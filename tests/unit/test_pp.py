@@ -20,7 +20,7 @@ from ckptless_hpc.state import dcp as state_dcp
 from ckptless_hpc.state import export
 from ckptless_hpc.state.views import UserView, model_tensors
 from ckptless_hpc.train.data import forward_seed
-from ckptless_hpc.train.grouped import mesh_coordinate
+from ckptless_hpc.train.grouped import is_comm_error, mesh_coordinate
 from ckptless_hpc.train.pp import PPStrategy, Stages, cut_stages, stage_of
 from models.llama import LlamaPPTask, LlamaTask
 
@@ -296,3 +296,18 @@ def test_pp_x_tp_shards_join_along_each_stages_own_shard_dims():
     assert state_dcp.shard_dims(shards) == {"a": 0, "b": 1} and state_dcp.shard_dims([([], {})]) is None
     got = export.job_view(shards)
     assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
+
+
+def test_a_collective_failing_inside_a_stages_forward_is_a_failed_collective():
+    """Under pp x tp a TP collective runs inside a stage's forward, and torch's stage re-raises its
+    failure as its own RuntimeError ("[Stage 0] failed to run forward") from it: still a failed
+    collective (the step is recovered), as is the bare error; an error unrelated to communication
+    is not."""
+    try:
+        try:
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+        except RuntimeError as e:
+            raise RuntimeError("[Stage 0] failed to run forward") from e
+    except RuntimeError as wrapped:
+        assert is_comm_error(wrapped) and is_comm_error(wrapped.__cause__)
+    assert not is_comm_error(RuntimeError("[Stage 0] failed to run forward")) and not is_comm_error(ValueError("gloo"))
