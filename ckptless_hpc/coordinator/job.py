@@ -116,6 +116,7 @@ class JobMachine:
         self.doomed: Set[str] = set()  # spares told to fire a fault: never promoted (their death may land late)
         self.stall = StallWatch(opts.stall_timeout_s)  # a job that commits no step while it trains
         self.moves = MoveRules()  # drains and stragglers to hand to spares at a step boundary (moves.py)
+        self._move_ready = False  # poll_moves found a grow-back or a move due: attention() reads this, O(1)
         self.step: Optional[int] = None  # the newest committed step heard of (rank 0's metrics), and the step time
         self.step_s: Optional[float] = None
 
@@ -137,9 +138,15 @@ class JobMachine:
             or self.reform_requested
             or self.fatal is not None
             or self.all_done()
-            or self.grow_due()
-            or bool(self.moves.wanted and self._moves_due())
+            or self._move_ready
         )
+
+    def poll_moves(self) -> bool:
+        """Is a grow-back or a requested move due (a boundary, a built spare)? Asked once per
+        heartbeat interval (the shell's judge), not in attention(), which runs after every wake-up:
+        it costs O(world) while a move waits for a spare or a shrunk job for its refill."""
+        self._move_ready = self.grow_due() or bool(self.moves.wanted and self._moves_due())
+        return self._move_ready
 
     def recovery_settled(self) -> bool:
         """While recovering: can the recovery move on without waiting (new failures, all answered)?"""
@@ -189,7 +196,8 @@ class JobMachine:
             self.phase = Phase.RECOVERING
             self.recovery = RecoveryMachine(self.members, self.layout, self.opts.recovery, self.gen, self.doomed, self.fault_times)
             return self._recovering(now, False)
-        planned = self._planned_move()
+        planned = self._planned_move() if self._move_ready else None
+        self._move_ready = False  # taken, or no longer due: the next poll says again
         if planned is not None:  # a grow-back or a move the job chose: at a step boundary, nothing aborted
             self.phase = Phase.RECOVERING
             self.recovery = RecoveryMachine(self.members, self.layout, self.opts.recovery, self.gen, self.doomed, (), planned)

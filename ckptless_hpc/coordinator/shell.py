@@ -208,6 +208,8 @@ class Coordinator:
         if self.cfg.cluster.straggler_action == "replace":
             self._replace_stragglers(slow, cleared)
         self._take_requests()
+        if self.job.poll_moves():  # a grow-back or a move due: the main loop plans it at the next boundary
+            self._notify()
 
     def _replace_stragglers(self, slow: Dict[int, float], cleared: List[int]) -> None:
         """cluster.straggler_action=replace: a straggler's node is moved to a spare at the next

@@ -118,8 +118,10 @@ def test_a_straggler_is_replaced_at_a_boundary_and_the_step_time_comes_back(job,
     healthy = sorted(steps[k] for k in range(3, 10))[3]
     slowed = sorted(steps[k] for k in range(15, move["target_step"]))
     after = sorted(steps[k] for k in range(move["target_step"] + 5, s["steps_completed"] + 1))
-    assert slowed[len(slowed) // 2] > 2 * healthy, (healthy, slowed)  # the straggler slowed every step of the job
-    assert after[len(after) // 2] < 1.5 * healthy, (healthy, after)  # ... until its rank moved to a healthy process
+    # the straggler slowed every step of the job until its rank moved to a healthy process (against
+    # the steps after the move: steps 3-9 share the cores with the spare's start-up on a loaded machine)
+    assert slowed[len(slowed) // 2] > 2 * after[len(after) // 2], (healthy, slowed, after)
+    assert after[len(after) // 2] < 1.5 * healthy, (healthy, after)
 
 
 # a survivor dies as the move's hold reaches it (fault.at=recovery: on the move's abort, before the

@@ -224,7 +224,7 @@ def test_a_job_that_may_shrink_goes_on_without_a_spare_refills_and_grows_back_on
     m.workers["r0.0"].built = True
     assert not job.grow_due()  # no step heard of since: no boundary to grow at
     job.committed(9, 0.1)
-    assert job.grow_due() and job.attention()
+    assert job.grow_due() and job.poll_moves() and job.attention()
     acts, _ = job.advance(T0 + 3)
     carry_out(job, acts)
     # a re-forming with nothing failed, planned: at step 9 + 0.5 s of 0.1 s steps, the degraded step in flight finished

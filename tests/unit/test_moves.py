@@ -99,9 +99,10 @@ def test_a_rank_moved_for_straggling_is_not_blamed_again():
 def test_a_drained_node_hands_its_rank_to_a_spare_at_the_boundary_and_no_step_is_redone():
     job = training(2, 1)
     assert job.request_move("n1", DRAIN, "maintenance") is None
-    assert not job.attention()  # no step heard of yet: no boundary
+    assert not job.poll_moves()  # no step heard of yet: no boundary
     job.committed(10, 0.1)
-    assert job.attention()
+    assert not job.attention()  # attention() is O(1) after every wake-up: the move waits for the heartbeat's poll
+    assert job.poll_moves() and job.attention()
     acts, _ = job.advance(T0 + 1)
     carry_out(job, acts)
     assert kinds(acts) == ["NewGeneration", "Emit", "Abort"] and job.phase is Phase.RECOVERING
@@ -129,11 +130,11 @@ def test_a_drain_waits_for_a_built_spare_then_moves():
     job = training(2, 0)
     job.committed(10, 0.1)
     assert job.request_move("n0", DRAIN, "maintenance") is None
-    assert not job.attention() and job.advance(T0 + 1)[0] == []  # no spare: it waits (a crash would be a recovery)
+    assert not job.poll_moves() and job.advance(T0 + 1)[0] == []  # no spare: it waits (a crash would be a recovery)
     job.members.add_node("s9", "spare")
-    assert not job.attention()  # not built yet
+    assert not job.poll_moves()  # not built yet
     job.members.workers["s9.0"].built = True
-    assert job.attention()
+    assert job.poll_moves()
     acts, _ = job.advance(T0 + 2)
     assert of(acts, "Abort")[0].at_step == 15 and job.members.workers["n0.0"].role == "leaving"
 
@@ -142,13 +143,14 @@ def test_a_move_is_not_planned_when_the_job_ends_first_and_never_spins():
     job = training(2, 1, 1, 20)
     job.committed(18, 0.1)
     job.request_move("n1", DRAIN, "maintenance")
-    assert not job.attention() and job.advance(T0 + 1)[0] == []
+    assert not job.poll_moves() and job.advance(T0 + 1)[0] == []
 
 
 def test_a_failure_while_the_ranks_go_to_the_boundary_calls_the_move_off_for_an_ordinary_recovery():
     job = training(3, 1)
     job.committed(10, 0.1)
     job.request_move("n2", DRAIN, "maintenance")
+    assert job.poll_moves()  # the heartbeat's poll finds it due
     carry_out(job, job.advance(T0 + 1)[0])
     job.lost("n0.0", job.members.lose("n0.0"), "killed (test)", T0 + 1.2)  # a survivor dies before the boundary
     acts, _ = job.advance(T0 + 1.3)
@@ -165,13 +167,14 @@ def test_a_failure_while_the_ranks_go_to_the_boundary_calls_the_move_off_for_an_
     assert kinds(acts) == ["Reformed", "LeaveRecovery"]
     assert list(job.moves.wanted) == ["n2"]  # asked again: it moves once a spare is built
     job.committed(20, 0.1)
-    assert not job.attention()  # no spare left
+    assert not job.poll_moves()  # no spare left
 
 
 def test_a_move_whose_spare_went_meanwhile_re_forms_in_place_and_is_asked_again():
     job = training(2, 1)
     job.committed(10, 0.1)
     job.request_move("n1", DRAIN, "maintenance")
+    assert job.poll_moves()  # the heartbeat's poll finds it due
     carry_out(job, job.advance(T0 + 1)[0])
     job.members.workers["s0.0"].role = "dead"  # the spare died while the ranks went to the boundary
     hold_all(job, 15)
@@ -197,7 +200,7 @@ def test_a_straggler_request_drops_when_its_node_failed_meanwhile():
     form(job, T0 + 3)
     job.members.add_node("s1", "spare")
     job.members.workers["s1.0"].built = True
-    assert not job.attention() and job.moves.wanted == {}  # its rank is on the spare now: nothing to move
+    assert not job.poll_moves() and job.moves.wanted == {}  # its rank is on the spare now: nothing to move
 
 
 def test_the_spare_dying_after_it_took_the_rank_gives_the_rank_back_to_the_leaving_worker():
@@ -207,6 +210,7 @@ def test_the_spare_dying_after_it_took_the_rank_gives_the_rank_back_to_the_leavi
     job = training(2, 1)
     job.committed(10, 0.1)
     job.request_move("n1", DRAIN, "maintenance")
+    assert job.poll_moves()  # the heartbeat's poll finds it due
     carry_out(job, job.advance(T0 + 1)[0])
     hold_all(job, 15)
     carry_out(job, job.advance(T0 + 2)[0])
@@ -231,6 +235,7 @@ def test_a_survivor_dying_after_the_spare_took_the_rank_keeps_the_move():
     job = training(2, 2)
     job.committed(10, 0.1)
     job.request_move("n1", DRAIN, "maintenance")
+    assert job.poll_moves()  # the heartbeat's poll finds it due
     carry_out(job, job.advance(T0 + 1)[0])
     hold_all(job, 15)
     carry_out(job, job.advance(T0 + 2)[0])
@@ -268,6 +273,7 @@ def test_a_shrunk_job_grows_back_before_it_drains_and_drains_on_the_next_spare()
     m.workers["r0.0"].built = True
     job.committed(9, 0.1)
     assert job.request_move("n0", DRAIN, "maintenance") is None
+    assert job.poll_moves()
     acts, _ = job.advance(T0 + 2)
     carry_out(job, acts)
     assert [e["kind"] for e in events(acts, "move_planned")] == ["grow"] and list(job.moves.wanted) == ["n0"]
@@ -276,9 +282,9 @@ def test_a_shrunk_job_grows_back_before_it_drains_and_drains_on_the_next_spare()
     form(job, T0 + 2.2)
     assert job.vacant == 0 and job.members.ranks[2] == "r0.0"
     job.committed(20, 0.1)
-    assert not job.attention()  # no spare left for the drain: it waits
+    assert not job.poll_moves()  # no spare left for the drain: it waits
     m.add_node("r1", "spare")
     m.workers["r1.0"].built = True
-    assert job.attention()
+    assert job.poll_moves()
     acts, _ = job.advance(T0 + 3)
     assert [e["kind"] for e in events(acts, "move_planned")] == ["drain"] and of(acts, "Abort")[0].at_step == 25
