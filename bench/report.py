@@ -95,6 +95,28 @@ def rows(res: Dict[str, Any]) -> List[List[str]]:
     out += b8_rows(res.get("b8"))
     out += b9_rows(res.get("b9"))
     out += parallel_rows(res.get("parallel"))
+    out += moves_rows(res.get("moves"))
+    return out
+
+
+def moves_rows(mv: Optional[Dict[str, Any]]) -> List[List[str]]:
+    """Planned moves (bench/moves_bench.py): a drain against a recovery of the same rank, a x3 straggler reported or replaced."""
+    if not mv or "move_downtime_s" not in mv:
+        return [["Planned moves", mv.get("status", "skipped"), "-", "n/a"]] if mv else []
+    out = [[
+        f"Planned move (drain) vs recovery of the same rank, {mv['size']} LM, ddp",
+        f"{_reps(mv['reps'])}downtime {_s(mv['move_downtime_s'], 's', 3)} vs kill_worker {_s(mv['recovery_downtime_s'], 's', 3)}: x{mv['move_over_recovery']:.2f}; "
+        f"steps redone by the moves {mv['moves_redone_steps']}; oracle {'held' if mv['oracle'] else 'BROKEN'}",
+        "no step redone", _ok(mv["moves_redone_steps"] == 0),
+    ]]
+    s = mv.get("straggler")
+    if s:
+        out.append([
+            f"Straggler x3, {s['report']['steps']} steps",
+            f"report {_s(s['report']['train_s'], 's', 1)}, replace {_s(s['replace']['train_s'], 's', 1)} ({s['replace']['moves']} move), healthy {_s(s['healthy']['train_s'], 's', 1)}: "
+            f"replace x{mv['replace_speedup']:.2f} faster",
+            "-", "-",
+        ])
     return out
 
 
