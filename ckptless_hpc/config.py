@@ -23,8 +23,6 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from .state.placement import group_size
-
 FAULT_KINDS = ("none", "kill_worker", "kill_node", "hang", "slow", "kill_spare", "corrupt_transfer", "truncate_transfer")
 FAULT_MOMENTS = ("step", "update", "recovery", "send", "receive", "optimizer", "eval")
 DEVICES = ("auto", "cpu", "cuda")  # cluster.device (train/cuda.py resolves them)
@@ -912,6 +910,18 @@ def resume_shards(cfg: Any) -> int:
     """Files of a saved state for this layout: one (ddp) or one per shard."""
     mode, world = cfg.parallel.mode, Shape.of(cfg).world
     return {"ddp": 1, "zero": world, "fsdp": world}.get(mode, group_size(cfg.parallel) or 1)
+
+
+def group_size(parallel: Any) -> Optional[int]:
+    """Ranks per replica group of a ``parallel`` config: hsdp's shard_size, tp's tp, pp's pp
+    (pp x tp: pp * tp, a replica's pipelines of TP groups; else None)."""
+    mode = str(getattr(parallel, "mode", "ddp"))
+    if mode == "pp":
+        pp, tp = getattr(parallel, "pp", None), getattr(parallel, "tp", None)
+        return pp * tp if _is_int(pp) and _is_int(tp) and tp > 1 else pp
+    if mode == "tp":
+        return getattr(parallel, "tp", None)
+    return getattr(parallel, "shard_size", None)
 
 
 def data_world(cfg: Any) -> int:

@@ -19,7 +19,9 @@ each rank keeps its own previous snapshot until every rank's copy of a newer ste
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+from ..config import group_size  # noqa: F401  (the layout's callers take it from here)
 
 SHARDED = ("zero", "fsdp", "hsdp", "tp", "pp")
 LOST = "state lost: "  # the prefix of a plan's reason when some shard is held by nobody
@@ -31,18 +33,6 @@ def sends_copies(mode: str, world: int, group: Optional[int]) -> bool:
     """Whether each rank's shard is copied to holders on other nodes: zero and fsdp always; tp
     and pp when the job is one replica (no other replica holds a coordinate's shard)."""
     return mode in REPLICATED_BY_COPIES or (mode in ("tp", "pp") and group is not None and int(group) == world)
-
-
-def group_size(parallel: Any) -> Optional[int]:
-    """Ranks per replica group of a ``parallel`` config: hsdp's shard_size, tp's tp, pp's pp
-    (pp x tp: pp * tp, a replica's pipelines of TP groups; else None)."""
-    mode = str(getattr(parallel, "mode", "ddp"))
-    if mode == "pp":
-        pp, tp = getattr(parallel, "pp", None), getattr(parallel, "tp", None)
-        return pp * tp if isinstance(pp, int) and isinstance(tp, int) and tp > 1 else pp
-    if mode == "tp":
-        return getattr(parallel, "tp", None)
-    return getattr(parallel, "shard_size", None)
 
 
 def node_order(name: str) -> tuple:
