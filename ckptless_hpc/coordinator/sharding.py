@@ -19,6 +19,7 @@ class Layout:
         self.world = c.nodes * c.workers_per_node
         self.wpn = c.workers_per_node
         self.shard_size = group_size(p) if p is not None else None
+        self.pp, self.tp = (int(p.get("pp") or 1), int(p.get("tp") or 1)) if p is not None and self.mode == "pp" else (1, 1)
         r = cfg.get("replication") if hasattr(cfg, "get") else getattr(cfg, "replication", None)
         self.factor = int(r.factor) if r is not None and sends_copies(self.mode, self.world, self.shard_size) else 0
         self.every = int(r.every) if r is not None else 1
@@ -46,7 +47,8 @@ class Layout:
             "fsdp": f"parameters and optimizer state sharded over {self.world} ranks (FSDP2), {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each shard on other nodes every {self.every} step(s)",
             "hsdp": f"FSDP2 in shard groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each shard",
             "tp": f"tensor parallel in groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each TP coordinate's shard",
-            "pp": f"pipelines of {self.shard_size} stages, {self.world // int(self.shard_size or 1)} replicas of each stage's shard",
+            "pp": f"pipelines of {self.pp} stages{f' x tensor parallel {self.tp}' if self.tp > 1 else ''}, {self.world // int(self.shard_size or 1)} replicas of each "
+            + ("(stage, TP rank)'s shard" if self.tp > 1 else "stage's shard"),
         }[self.mode]
         if self.mode in ("tp", "pp") and self.factor:
             what += f", {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each rank's shard on other nodes every {self.every} step(s)"

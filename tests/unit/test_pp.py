@@ -271,6 +271,7 @@ def test_pp_x_tp_replicas_are_pipelines_of_tp_groups_each_coordinate_held_by_eve
     assert validation_errors(c, PROBES) == []
     lay = Layout(c)
     assert lay.shard_of == {0: 0, 1: 1, 2: 2, 3: 3, 4: 0, 5: 1, 6: 2, 7: 3} and lay.survives() == 1
+    assert "pipelines of 2 stages x tensor parallel 2, 2 replicas of each (stage, TP rank)'s shard" in lay.describe()
     assert data_world(c) == 2 and resume_shards(c) == 4
     assert [mesh_coordinate(r, 2, 2) for r in (0, 1, 2, 3, 6)] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1), (1, 1, 0)]
     from ckptless_hpc.launch.dryrun import placement
