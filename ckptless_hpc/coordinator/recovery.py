@@ -263,10 +263,12 @@ class RecoveryMachine:
         ]
 
     def _call_off(self, why: Optional[str] = None) -> None:
-        """The planned move is off: its leaving workers keep their ranks (the job asks for the
-        move again once it trains: job.py). A failure came (``why`` None): an ordinary recovery
-        from here, its record the failure's own. No plan for it (``why``: the spare went meanwhile):
-        the ranks re-form where they are, at the boundary, and the move's record says why."""
+        """The planned move is off: its leaving workers keep their ranks, or get them back where
+        the incoming spare died (they hold the boundary's state); a rank a live spare already took
+        stays moved, its leaving worker serving and then released (the job asks again for the
+        moves not done once it trains: job.py). A failure came (``why`` None): an ordinary
+        recovery from here, its record the failure's own. No plan for it (``why``: the spare went
+        meanwhile): the ranks re-form where they are, at the boundary, and the move's record says why."""
         self.fell_back = True
         m = self.members
         back = {}
