@@ -391,7 +391,7 @@ def test_a_node_an_administrator_drains_is_moved_to_the_spare_at_a_boundary_bitw
     """scontrol update state=DRAIN of a training node during the job (issue 33): the coordinator
     sees it in its node polls and moves its rank to the spare at a step boundary: no failure, no
     step redone, the node's step ends as its worker is released, bitwise."""
-    cfg = (*LM[:-1], "train.steps=1200")
+    cfg = (*LM[:-1], "train.steps=600")
     job = _submit(tmp_path, *cfg)
     victim_node = _rank_worker(tmp_path, 1).split(".")[0]
     _past_step(tmp_path, 20)
