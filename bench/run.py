@@ -460,11 +460,15 @@ class Bench:
         ``in_run``: as a section of ``python -m bench``, where the quick smoke leaves it out: its
         quick variant is 11 jobs, 71 s on 2 idle cores (2026-12-05), more than the rest of the smoke
         can spare, and tests/bench/test_parallel_bench.py runs it already."""
+        return self._standalone("parallel", parallel_lib, in_run, "tests/bench/test_parallel_bench.py")
+
+    def _standalone(self, name: str, lib: Any, in_run: bool, smoke: str) -> Dict[str, Any]:
+        """A section that is also a bench module of its own (``lib.measure(quick, tmp)``, ``lib.table``)."""
         quick = self.plan.name == "quick"
         if quick and in_run:
-            return {"status": "skipped: not in the quick run (python -m bench --only parallel --quick; tests/bench/test_parallel_bench.py runs it)"}
-        res = parallel_lib.measure(quick, self.tmp / "parallel")
-        log("\n" + parallel_lib.table(res))
+            return {"status": f"skipped: not in the quick run (python -m bench --only {name} --quick; {smoke} runs it)"}
+        res = lib.measure(quick, self.tmp / name)
+        log("\n" + lib.table(res))
         return res
 
     def b9_grow(self) -> Dict[str, Any]:
@@ -477,12 +481,7 @@ class Bench:
         """Planned moves (issue 33): a drain against a failure recovery of the same rank, a x3
         straggler under report and replace (bench/moves_bench.py). ``in_run``: as a section of
         ``python -m bench``, where the quick smoke leaves it out (tests/bench/test_moves_bench.py runs it)."""
-        quick = self.plan.name == "quick"
-        if quick and in_run:
-            return {"status": "skipped: not in the quick run (python -m bench --only moves --quick; tests/bench/test_moves_bench.py runs it)"}
-        res = moves_lib.measure(quick, self.tmp / "moves")
-        log("\n" + moves_lib.table(res))
-        return res
+        return self._standalone("moves", moves_lib, in_run, "tests/bench/test_moves_bench.py")
 
     def b6_sim(self, b1: Dict[str, Any], b3: Dict[str, Any], b5: Dict[str, Any]) -> Dict[str, Any]:
         pt = b1["points"][-1]  # the largest model measured

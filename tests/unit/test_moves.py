@@ -203,17 +203,22 @@ def test_a_straggler_request_drops_when_its_node_failed_meanwhile():
     assert not job.poll_moves() and job.moves.wanted == {}  # its rank is on the spare now: nothing to move
 
 
-def test_the_spare_dying_after_it_took_the_rank_gives_the_rank_back_to_the_leaving_worker():
-    """A failure after the plan was adopted: the incoming spare dies while the group forms. The
-    leaving worker still holds the rank's state at the boundary: the rank goes back to it (no
-    give-up for want of a spare, nothing rolled back), and the move is asked again."""
-    job = training(2, 1)
+def adopted_drain(job: JobMachine) -> JobMachine:
+    """A drain of n1 planned at step 15, every rank held there, its plan adopted (a spare has rank 1)."""
     job.committed(10, 0.1)
     job.request_move("n1", DRAIN, "maintenance")
     assert job.poll_moves()  # the heartbeat's poll finds it due
     carry_out(job, job.advance(T0 + 1)[0])
     hold_all(job, 15)
     carry_out(job, job.advance(T0 + 2)[0])
+    return job
+
+
+def test_the_spare_dying_after_it_took_the_rank_gives_the_rank_back_to_the_leaving_worker():
+    """A failure after the plan was adopted: the incoming spare dies while the group forms. The
+    leaving worker still holds the rank's state at the boundary: the rank goes back to it (no
+    give-up for want of a spare, nothing rolled back), and the move is asked again."""
+    job = adopted_drain(training(2, 1))
     assert dict(job.members.ranks) == {0: "n0.0", 1: "s0.0"}  # adopted: the spare has rank 1
     job.lost("s0.0", job.members.lose("s0.0"), "killed (test)", T0 + 2.5)
     acts, _ = job.advance(T0 + 2.6)
@@ -232,13 +237,7 @@ def test_the_spare_dying_after_it_took_the_rank_gives_the_rank_back_to_the_leavi
 def test_a_survivor_dying_after_the_spare_took_the_rank_keeps_the_move():
     """A survivor dies after the plan was adopted: the move stands (the spare has the moved rank),
     the failed rank goes to the second spare, and the leaving worker serves, then is released."""
-    job = training(2, 2)
-    job.committed(10, 0.1)
-    job.request_move("n1", DRAIN, "maintenance")
-    assert job.poll_moves()  # the heartbeat's poll finds it due
-    carry_out(job, job.advance(T0 + 1)[0])
-    hold_all(job, 15)
-    carry_out(job, job.advance(T0 + 2)[0])
+    job = adopted_drain(training(2, 2))
     promoted = job.members.ranks[1]
     job.lost("n0.0", job.members.lose("n0.0"), "killed (test)", T0 + 2.5)
     acts, _ = job.advance(T0 + 2.6)
