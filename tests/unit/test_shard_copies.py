@@ -224,3 +224,30 @@ def test_a_copy_lands_in_the_buffers_of_the_copy_it_replaces_and_keeps_its_own_b
     assert not set(ptrs[5].values()) & set(ptrs[4].values()) and sorted(store.held[3]) == [4, 5]
     rep.close()
     server.close()
+
+
+def test_a_holder_lands_every_copy_in_reused_buffers_whichever_comes_first_its_commit_or_the_copy():
+    """A holder's commit of step s (durable s-1) and the arrival of the copy of step s come in
+    either order from one step to the next; every copy after the first few lands in buffers of
+    a dropped copy (never fresh memory, never a copy still held), within three sets."""
+    from ckptless_hpc.state.transfer import Received
+
+    store = ShardStore()
+    buffers = set()
+    orders = ["commit first", "copy first", "copy first", "commit first", "commit first", "copy first", "commit first", "copy first", "copy first"] * 2
+    for step, order in enumerate(orders, start=1):
+        if order == "commit first":
+            store.durable(step - 1)
+        reuse = store.landing(0)
+        held = {t.data_ptr() for c in store.held.get(0, {}).values() for _, t in c[0]}
+        if step > 3:
+            assert reuse, f"step {step} ({order}): no buffers to land in"
+        t = reuse.get("w", torch.empty(4))
+        assert t.data_ptr() not in held, "a copy landed in the buffers of a copy still held"
+        t.fill_(step)
+        buffers.add(t.data_ptr())
+        store.keep(0, step, Received([("w", t)], {"step": step}, 16, 0.0))
+        if order == "copy first":
+            store.durable(step - 1)
+        assert sorted(store.held[0])[-1] == step and all(float(c[0][0][1][0]) == s for s, c in store.held[0].items())
+    assert len(buffers) <= 3
