@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import traceback
 from typing import Any, List, Optional
 
 from ..control.client import exit_now
@@ -56,7 +57,15 @@ class Steps:
         self.engine, self.client, self.standing, self.waiter, self.faults = engine, client, standing, waiter, faults
         self.peers, self.shards, self.periodic, self.groups, self.samples = peers, shards, periodic, groups, samples
 
-    def _abandon(self) -> None:
+    def _abandon(self, failed: Optional[BaseException] = None) -> None:
+        """Let go of the generation (its groups destroyed in the background, train/grouped.py);
+        ``failed``: what cut the step short, whose frames are cleared first. They hold the step's
+        groups (the communicator, the stages, the schedule), and the last reference must go in the
+        release thread: destroying a gloo group waits for its op in flight (an all-reduce with a
+        live peer that left the step too) up to cluster.collective_timeout_s, and a main thread
+        that dropped it with the exception would hold no Held that long (pp x tp, issue: a rank's
+        "collective failed" logged, its Held never sent, the job's state lost)."""
+        _clear_frames(failed)
         self.peers.drop_behind()
         self.groups.abandon()
 
@@ -77,11 +86,11 @@ class Steps:
                     break
                 if not self._one_step(gen):
                     return None
-        except Aborted:
-            self._abandon()
+        except Aborted as e:
+            self._abandon(e)
             return None
         except (CollectiveError, StepFailed) as e:
-            self._abandon()
+            self._abandon(e)
             log.warning("collective failed at step %d: %s", s.step, e)
             s.training = False
             return held_reason(COLLECTIVE_ERROR, e)
@@ -195,6 +204,16 @@ class Steps:
                 f.wait()
         except Exception as e:  # gloo raises RuntimeError subclasses on a lost peer
             raise CollectiveError(f"allreduce at step {step}: {e}") from None
+
+
+def _clear_frames(e: Optional[BaseException]) -> None:
+    """The locals of the finished frames of ``e``'s tracebacks (its context's and cause's too)
+    dropped, keeping the exceptions' messages (the frames still running are left as they are)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        traceback.clear_frames(e.__traceback__)
+        e = e.__cause__ or e.__context__
 
 
 def _num(x: float) -> Any:

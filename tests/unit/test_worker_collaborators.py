@@ -121,3 +121,57 @@ def test_the_main_thread_dispatches_on_the_message_type(caplog):
     assert list(held) == ["type", "gen", "abort_gen", "step", "pid", "reason"]
     assert (held["gen"], held["abort_gen"], held["step"], held["reason"]) == (2, 3, 6, "abort")
     assert "ignoring unknown message 'nonsense'" in caplog.text
+
+
+class _Group:
+    """Stands for a generation's gloo group: which thread dropped its last reference."""
+
+    def __init__(self, released):
+        self.released = released
+
+    def __del__(self):
+        self.released.append(threading.current_thread().name)
+
+
+@pytest.mark.parametrize("cut", ["collective", "abort"])
+def test_a_failed_steps_groups_are_released_in_the_release_thread_not_the_main_one(cut):
+    """pp x tp hang: a step cut short (a failed collective, or an abort) raised through frames
+    that hold the generation's groups; the release thread dropped its references first, so the
+    main thread dropped the last one with the exception, and destroying a gloo group with an op in
+    flight waits up to cluster.collective_timeout_s: the rank's Held was never sent. The frames
+    are cleared before the release, which then drops the last reference."""
+    from types import SimpleNamespace
+
+    from ckptless_hpc.train.grouped import StepFailed
+    from ckptless_hpc.worker.steps import Steps
+
+    released = []
+
+    class Engine:
+        comm = None
+
+        def step(self, step, after_backward, wait):
+            comm = self.comm  # noqa: F841 - the schedule's and the strategy's frames hold the groups
+            if cut == "abort":
+                raise Aborted("allreduce")
+            try:
+                raise RuntimeError("Connection closed by peer")
+            except RuntimeError as err:
+                raise StepFailed(f"step {step}: {err}") from None
+
+    engine = Engine()
+    engine.comm = _Group(released)
+
+    def abandon():  # as Groups.abandon -> fsdp.release_in_background: the last references go in a thread
+        objs = [engine.comm]
+        engine.comm = None
+        t = threading.Thread(target=objs.clear, name="release-generation")
+        t.start()
+        t.join()
+
+    cfg = SimpleNamespace(train=SimpleNamespace(steps=5, eval_every=0), cluster=SimpleNamespace(collective_timeout_s=5))
+    standing = SimpleNamespace(step=2, training=False)
+    steps = Steps(cfg, engine, _Client(), standing, Waiter(), None, SimpleNamespace(behind=None, drop_behind=lambda: None), None, None, SimpleNamespace(abandon=abandon), None)
+    failed = steps.run(gen=0)
+    assert (failed is None) == (cut == "abort")
+    assert released == ["release-generation"]
