@@ -154,6 +154,7 @@ def release_in_background(objs: List[Any]) -> None:
     for o in objs:
         if isinstance(o, dist.ProcessGroup) and P.is_registered_pg(o):
             P.forget(o)
+    o = None  # noqa: F841 - the loop's last one: the thread drops the last reference, not this frame
     threading.Thread(target=objs.clear, name="release-generation", daemon=True).start()
 
 

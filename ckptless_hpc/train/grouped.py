@@ -132,13 +132,21 @@ class LocalState(OneOptimizer):
 
     def release_groups(self, comm: Any, objs: List[Any]) -> bool:
         """After a failed step: the generation's communicator and groups (and ``objs``, what the
-        mode held of them) destroyed at once, in a thread."""
+        mode held of them) destroyed at once, in a thread. ``objs`` is extended in place and
+        emptied in that thread: the caller's list holds the last references (a pipeline's
+        schedule) only until the thread drops them, never after it."""
         self.e.comm = None
-        objs = [*objs, comm]
+        objs.append(comm)
         hs = getattr(comm, "hsdp", None)
         if hs is not None:
             objs += hs.groups()
             comm.hsdp = None
+        del hs
+        # the communicators' backends too: the callers' frames still hold the communicators
+        # (a destroyed group waits for its op in flight, up to cluster.collective_timeout_s)
+        for c in [o for o in objs if isinstance(o, Communicator) and o.pg is not None]:
+            objs.append(c.pg)
+            c.pg = None
         fsdp.release_in_background(objs)
         return True
 

@@ -250,12 +250,17 @@ class PPStrategy(LocalState):
 
     def let_go(self, comm: Any) -> bool:
         """The generation's groups are destroyed at once, in a thread (a peer blocked in one that
-        did not fail here is released only then), after the stage and schedule let go of them."""
+        did not fail here is released only then), with the stages and schedules that hold them:
+        their last references go in that thread too (dropped here, the main thread hung in a
+        destructor waiting on the failed step's ops, and never answered the abort: pp x tp, a
+        rank that did not hold within cluster.recovery_timeout_s); first in the list, so the
+        groups go first."""
+        held = [self.schedule, self.eval_schedule]
         self.schedule = self.eval_schedule = None
         self.pp_group = self.rep_group = self.rep_comm = self.tp_group = None
         if self.mesh is not None:
             unbind_mesh(self.mesh)
-        return self.release_groups(comm, [])
+        return self.release_groups(comm, held)
 
     def bind(self, comm: Any) -> None:
         """The first generation: the model cut to this rank's stages, then the optimizer and

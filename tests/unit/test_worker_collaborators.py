@@ -175,3 +175,27 @@ def test_a_failed_steps_groups_are_released_in_the_release_thread_not_the_main_o
     failed = steps.run(gen=0)
     assert (failed is None) == (cut == "abort")
     assert released == ["release-generation"]
+
+
+def test_a_pipelines_schedule_and_communicators_backends_go_in_the_release_thread():
+    """pp x tp hang, seen with SIGUSR1 on the rank that never held: its main thread stuck in
+    PPStrategy.let_go at ``self.schedule = None`` (the schedule's stages held the failed step's
+    groups and ops). The schedules and each communicator's backend go to the release thread; the
+    callers' frames keep only the communicator's shell."""
+    from types import SimpleNamespace
+
+    from ckptless_hpc.train.comm import Communicator
+    from ckptless_hpc.train.pp import PPStrategy
+
+    released = []
+    pp = object.__new__(PPStrategy)
+    pp.schedule, pp.eval_schedule, pp.mesh = _Group(released), None, None
+    pp.e = SimpleNamespace(comm=None)
+    comm = object.__new__(Communicator)
+    comm.pg, comm.hsdp = _Group(released), None
+    before = {t.ident for t in threading.enumerate()}
+    assert pp.let_go(comm) is True
+    for t in threading.enumerate():
+        if t.ident not in before and t.name == "release-generation":
+            t.join(10)
+    assert pp.schedule is None and comm.pg is None and released == ["release-generation"] * 2
