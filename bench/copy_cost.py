@@ -89,9 +89,15 @@ def _holder(secret: str, store: Any, landing: bool) -> Any:
 
 
 def measure(sizes: Dict[str, int], reps: int) -> Dict[str, Any]:
-    """Per size: the floor, and a copy's CPU and wall with each landing (medians of ``reps``)."""
+    """Per size: the floor, and a copy's CPU and wall with each landing (medians of ``reps``).
+    One torch thread, as a worker runs (``train.threads=1``): with torch's default the floor's
+    memcpy spins OpenMP threads and counts their CPU, which made the floor look dearer."""
+    import torch
+
     from ckptless_hpc.state.shards import ShardStore
     from ckptless_hpc.state.transfer import push_state
+
+    torch.set_num_threads(1)
 
     secret = "b" * 32
     rows = []
