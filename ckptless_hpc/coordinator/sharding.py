@@ -8,7 +8,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..state.placement import group_size, layout_tolerance, place, sends_copies, shard_map, tolerance
+from ..config import group_size
+from ..state.placement import layout_tolerance, place, sends_copies, shard_map, tolerance
 
 
 class Layout:

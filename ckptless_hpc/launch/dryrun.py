@@ -46,23 +46,18 @@ def mesh_lines(shape: Any, tp: int, node_of: Any, mode: str = "tp", stage_tp: in
     (the copies that survive a node)."""
     replicas = shape.world // tp
     coord, title, c_ = ("TP coordinate", "TP coordinate", "c") if mode == "tp" else ("stage", "Stage", "s")
-    out = [f"mesh: {replicas} replica(s) x {mode} {tp} (replica r, {coord} {c_} = rank r*{tp}+{c_})"]
-
-    def label(c: int) -> str:
-        return f"{c_}{c}"
-
-    if stage_tp > 1:
+    if stage_tp > 1:  # pp x tp: a coordinate is (stage, TP rank)
         out = [f"mesh: {replicas} replica(s) x pp {tp // stage_tp} x tp {stage_tp} (replica r, stage s, TP rank t = rank r*{tp}+s*{stage_tp}+t)"]
+        labels = names = [f"s{c // stage_tp}t{c % stage_tp}" for c in range(tp)]
         title = "Coordinate"
-
-        def label(c: int) -> str:
-            return f"s{c // stage_tp}t{c % stage_tp}"
-
+    else:
+        out = [f"mesh: {replicas} replica(s) x {mode} {tp} (replica r, {coord} {c_} = rank r*{tp}+{c_})"]
+        labels, names = [f"{c_}{c}" for c in range(tp)], [str(c) for c in range(tp)]
     for r in range(replicas):
-        out.append(f"  replica {r}: " + ", ".join(f"{label(c)}=rank {r * tp + c}@{node_of(r * tp + c)}" for c in range(tp)))
+        out.append(f"  replica {r}: " + ", ".join(f"{labels[c]}=rank {r * tp + c}@{node_of(r * tp + c)}" for c in range(tp)))
     for c in range(tp):
         nodes = sorted({node_of(r * tp + c) for r in range(replicas)})
-        out.append(f"  {title} {c if stage_tp == 1 else label(c)}: held by {replicas} replica(s) on {len(nodes)} node(s) ({', '.join(nodes)})")
+        out.append(f"  {title} {names[c]}: held by {replicas} replica(s) on {len(nodes)} node(s) ({', '.join(nodes)})")
     return out
 
 

@@ -21,8 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..config import group_size  # noqa: F401  (the layout's callers take it from here)
-
 SHARDED = ("zero", "fsdp", "hsdp", "tp", "pp")
 LOST = "state lost: "  # the prefix of a plan's reason when some shard is held by nobody
 REPLICATED_BY_COPIES = ("zero", "fsdp")  # unique per-rank state: copies are sent to holders

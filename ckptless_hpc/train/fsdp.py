@@ -142,6 +142,12 @@ def forget_group(pg: dist.ProcessGroup) -> None:
     P.forget(pg)
 
 
+def _forget_registered(objs: List[Any]) -> None:
+    for o in objs:
+        if isinstance(o, dist.ProcessGroup) and P.is_registered_pg(o):
+            P.forget(o)
+
+
 def release_in_background(objs: List[Any]) -> None:
     """Let go of a failed generation's groups at once: unregister each registered group from
     c10d, then drop the last references in a daemon thread (``objs`` is emptied there; the caller
@@ -151,10 +157,7 @@ def release_in_background(objs: List[Any]) -> None:
     did not fail here (HSDP: a rank of another replica waiting in the cross-replica all-reduce):
     "Connection closed by peer" in milliseconds instead of the group's timeout. The destructor
     waits for the group's threads: a group stuck on a hung peer holds only that thread."""
-    for o in objs:
-        if isinstance(o, dist.ProcessGroup) and P.is_registered_pg(o):
-            P.forget(o)
-    o = None  # noqa: F841 - the loop's last one: the thread drops the last reference, not this frame
+    _forget_registered(objs)  # in a frame of its own: no loop variable here keeps the last one alive
     threading.Thread(target=objs.clear, name="release-generation", daemon=True).start()
 
 

@@ -17,7 +17,8 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from ..control.messages import Encodable, PeriodicFailed, PeriodicSaved
 from ..rundir.paths import RunPaths, state_file
 from ..state import emergency, export
-from ..state.placement import REPLICA_GROUPS, group_size
+from ..config import group_size
+from ..state.placement import REPLICA_GROUPS
 from .dcp_copies import WRITER, needs_model
 
 log = logging.getLogger("ckptless_hpc.worker")

@@ -14,7 +14,8 @@ import threading
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from ..config import Shape
-from ..state.placement import group_size, sends_copies
+from ..config import group_size
+from ..state.placement import sends_copies
 from ..state.shards import Copy, Replicator, ShardStore
 from ..state.snapshot import state_nbytes
 from ..state.transfer import Received
