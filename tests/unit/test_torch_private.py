@@ -79,3 +79,115 @@ def test_fsdp2_internals():
 
     assert "Partial(\"max\")" in inspect.getsource(_dispatch.found_inf_reduce_handler)
     assert reduce_src.index("all_reduce_hook(reduce_output)") < reduce_src.index("_div_if_needed(reduce_output, postdivide_factor)")
+
+
+# ------------------------------------------------------------------ FSDP2 x TP on one 2-D mesh (issue 31's dp_shard x tp, not built yet)
+_S, _T = 2, 2  # FSDP shard x TP ranks: rank = s * _T + t
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+
+
+def _batch(step: int, data_rank: int):
+    g = torch.Generator().manual_seed(1000 * step + data_rank)
+    return torch.randn(4, 8, generator=g), torch.randn(4, 4, generator=g)
+
+
+def _gen_groups(store, gen: int, rank: int):
+    """Generation ``gen``'s TP group (same s) and FSDP shard group (same t), registered."""
+    import datetime
+
+    from ckptless_hpc.train import fsdp
+
+    s, t = divmod(rank, _T)
+    out = {}
+    for dim, kind, ranks in (("tp", f"tp{s}", [s * _T + i for i in range(_T)]), ("dp_shard", f"sh{t}", [i * _T + t for i in range(_S)])):
+        backend = dist.ProcessGroupGloo(dist.PrefixStore(f"g{gen}/{kind}", store), ranks.index(rank), len(ranks), datetime.timedelta(seconds=30))
+        out[dim] = fsdp.register_group(backend, f"gen{gen}/{kind}", ranks)
+    return out
+
+
+def _point(mesh, groups) -> None:
+    mesh._dim_group_names = [groups[n].group_name for n in mesh.mesh_dim_names]
+    mesh._pg_registry = {groups[n].group_name: groups[n] for n in mesh.mesh_dim_names}
+
+
+def _two_d_worker(rank: int, port: int, q) -> None:
+    import datetime
+
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from ckptless_hpc.train import fsdp
+
+    try:
+        store = dist.TCPStore("127.0.0.1", port, _S * _T, rank == 0, timeout=datetime.timedelta(seconds=30))
+        fsdp.stable_default_group(rank, _S * _T)
+        groups = _gen_groups(store, 0, rank)
+        mesh = DeviceMesh("cpu", torch.arange(_S * _T).reshape(_S, _T), mesh_dim_names=("dp_shard", "tp"), _init_backend=False, _rank=rank)
+        _point(mesh, groups)
+        model = _mlp()
+        tp_mesh, dp_mesh = mesh["tp"], mesh["dp_shard"]
+        parallelize_module(model, tp_mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()}, src_data_rank=None)
+        fully_shard(model, mesh=dp_mesh)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for step in range(4):
+            if step == 2:  # generation 1: new groups, the same mesh objects (and FSDP's own) re-pointed
+                old, groups = groups, _gen_groups(store, 1, rank)
+                meshes = {id(m): m for m in (mesh, tp_mesh, dp_mesh)}
+                for state in P.fsdp_states(model):
+                    pgroup = state._fsdp_param_group
+                    pgroup.mesh_info.shard_process_group = groups["dp_shard"]
+                    meshes[id(pgroup.mesh_info.mesh)] = pgroup.mesh_info.mesh
+                    for fp in pgroup.fsdp_params:  # _init_sharding_spec_tp: DeviceMesh._concatenate copied the names
+                        meshes[id(fp._spmd_mesh)] = fp._spmd_mesh
+                        meshes[id(fp._sharding_spec.mesh)] = fp._sharding_spec.mesh
+                for m in meshes.values():
+                    _point(m, groups)
+                for pg in old.values():  # generation 0 is gone: a mesh still pointing at it fails
+                    P.forget(pg)
+                    pg.abort()
+            x, y = _batch(step, rank // _T)
+            opt.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            opt.step()
+        q.put((rank, {n: p.full_tensor().detach().tolist() for n, p in model.named_parameters()}))
+    except BaseException as err:  # the parent reports it
+        q.put((rank, repr(err)))
+
+
+@pytest.mark.timeout(120)
+def test_fsdp2_over_tensor_parallel_on_one_2d_mesh_of_own_groups_rebinds_to_a_new_generation():
+    """FSDP2 over the dp_shard dim of a 2-D (dp_shard, tp) mesh whose dims are this project's
+    registered per-generation gloo groups, the model first made tensor-parallel on the tp dim
+    (torchtitan's 2-D layout), trains 2 Adam steps, is re-pointed at generation 1's groups
+    (the mesh, its two sub-meshes and each FSDPParam's concatenated mesh) and trains 2 more: its
+    weights equal the same training in one process (the fact issue 31's dp_shard x tp builds on;
+    it fails if torch stops copying the dims' group names into FSDP's meshes, or renames them)."""
+    import random
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = random.randint(20000, 60000)
+    procs = [ctx.Process(target=_two_d_worker, args=(r, port, q), daemon=True) for r in range(_S * _T)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=100) for _ in procs)
+    for p in procs:
+        p.join(10)
+    errors = {r: v for r, v in got.items() if isinstance(v, str)}
+    assert not errors, errors
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step in range(4):
+        opt.zero_grad()
+        sum(((model(x) - y) ** 2).mean() / _S for x, y in (_batch(step, s) for s in range(_S))).backward()
+        opt.step()
+    for rank, weights in got.items():
+        for name, p in model.named_parameters():
+            torch.testing.assert_close(torch.tensor(weights[name]), p.detach(), rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}")
