@@ -31,7 +31,6 @@ import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import b7 as b7lib
 
 # the targets: a survivor's share flat within 10 % from the smallest world to the largest, the
 # coordinator's CPU per recovery no worse than linear (a slope of 1.2 leaves room for noise)
@@ -101,11 +100,11 @@ def run(bench: Any, log: Callable[[str], None]) -> Dict[str, Any]:
     """Every world size of the plan with each control, ``b5_sim_reps`` times, alternated."""
     p = bench.plan
     points: Dict[str, Dict[int, List[Dict[str, Any]]]] = {c: {n: [] for n in p.b5_ranks} for c in p.b5_controls}
-    for _ in range(p.b5_sim_reps):
+    for rep in range(p.b5_sim_reps):
         for n in p.b5_ranks:
             for control in p.b5_controls:
                 t0 = time.monotonic()
-                pt = b7lib.run_point(n, p.b7_wpn, p.b5_steady_s, bench.rundir(f"b5-{n}-{control}"), control=control)
+                pt = bench.sim_point("b5", n, p.b5_steady_s, control, rep)
                 points[control][n].append(pt)
                 s = pt.get("survivor") or {}
                 log(

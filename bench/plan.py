@@ -108,11 +108,13 @@ QUICK = Plan(
     b3_size="tiny", b3_steps=150, b3_reps=1, b3_torchft=False,
     b4_bytes=32 << 20, b4_reps=1,
     b5_size="tiny", b5_nodes=(2, 4), b5_steps=30, b5_fault_step=15, b5_reps=1,  # 8 workers: full run only
-    b6_size="tiny", b6_interval_s=4.0, b6_failures=1,
-    b7_ranks=(300,), b7_steady_s=3.0,
+    # B6: a kill every 2 s of steps (about 270 tiny steps, the kill halfway): the restart baseline still saves
+    # checkpoints before its kill and resumes from one; each second costs both runs of B6 (two restarts' worth)
+    b6_size="tiny", b6_interval_s=2.0, b6_failures=1,
+    b7_ranks=(300,), b7_steady_s=1.0,  # B5's window: the sim point of 300 ranks with relays is then B5's largest too, run once
     fsdp_warmup_reps=1,
     copy_cost_sizes=("1M",), copy_cost_reps=2,
-    b5_ranks=(32, 128), b5_controls=("node",), b5_steady_s=1.0, b5_sim_reps=1,
+    b5_ranks=(32, 300), b5_controls=("node",), b5_steady_s=1.0, b5_sim_reps=1,
 )
 
 FULL = Plan(
