@@ -126,7 +126,7 @@ class TrainConfig:
     prefetch: int = 2
     """Micro-batches each data worker prepares ahead."""
     bucket_mb: float = 16.0
-    """Gradient allreduce bucket size (MiB)."""
+    """Gradient allreduce bucket size (MiB): ddp's buckets, and tp's and pp's sums over the replicate group."""
     reduction: str = "auto"
     """How gradients are summed over the ranks: allreduce (bucketed, overlapped with backward) |
     fixed (one fixed tree over the ranks: the same bits whatever the number of processes, what

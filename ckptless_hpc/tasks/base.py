@@ -20,6 +20,7 @@ __all__ = [
     "Task",
     "lr_at",
     "mix_seed",
+    "seed_global",
     "derive_generator",
     "num_parameters",
     "check_int",
@@ -74,11 +75,30 @@ def lr_at(step: int, *, lr: float, warmup_steps: int, total_steps: int, min_lr_r
     return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def _accelerators() -> bool:
+    """Whether torch.manual_seed has more than the CPU generator to seed here: an accelerator
+    torch can use (CUDA, XPU, MPS, MTIA) or a registered custom device module."""
+    custom = getattr(torch, torch._C._get_privateuse1_backend_name(), None)
+    return torch.cuda.is_available() or torch.xpu.is_available() or torch.backends.mps.is_available() or torch.mtia.is_available() or custom is not None
+
+
+def seed_global(seed: int) -> None:
+    """``torch.manual_seed(seed)``, without its cost on a machine with no accelerator: there
+    torch queues the seeding of each accelerator it may initialise later (CUDA, XPU, MTIA) with
+    a formatted traceback of the caller's stack (``torch.cuda._lazy_call``), about 0.4 ms a
+    call at a worker's stack depth, several calls a step. The CPU generator's state is the same
+    either way; with an accelerator torch's own call runs (it seeds an initialised one at once)."""
+    if _accelerators():
+        torch.manual_seed(seed)
+    else:
+        torch.default_generator.manual_seed(int(seed))
+
+
 def seed_step(seed: int, step: int, rank: int) -> torch.Generator:
     """Seed torch's global RNG for (seed, step, rank) (dropout and the like) and return the
     generator a task draws the batch of that step and rank from: the whole per-step
     determinism contract, shared by the worker and the benchmark baselines."""
-    torch.manual_seed(mix_seed(seed, step, rank))
+    seed_global(mix_seed(seed, step, rank))
     return torch.Generator().manual_seed(mix_seed(seed, step, rank, 1))
 
 

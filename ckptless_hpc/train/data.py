@@ -30,7 +30,7 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Sampler
 
-from ..tasks.base import mix_seed, seed_step
+from ..tasks.base import mix_seed, seed_global, seed_step
 
 Index = Tuple[int, int, int]  # (step, micro, rank)
 
@@ -38,7 +38,7 @@ Index = Tuple[int, int, int]  # (step, micro, rank)
 def forward_seed(seed: int, step: int, rank: int, micro: int) -> None:
     """Seed torch's global RNG for the forward/backward of one micro-batch (dropout and the like),
     independently of where and how its batch was made."""
-    torch.manual_seed(mix_seed(seed, step, rank) if micro == 0 else mix_seed(seed, step, rank, micro, 2))
+    seed_global(mix_seed(seed, step, rank) if micro == 0 else mix_seed(seed, step, rank, micro, 2))
 
 
 def batch_generator(seed: int, step: int, rank: int, micro: int) -> torch.Generator:
@@ -46,7 +46,7 @@ def batch_generator(seed: int, step: int, rank: int, micro: int) -> torch.Genera
     0 is exactly the single-batch contract of ``seed_step``)."""
     if micro == 0:
         return seed_step(seed, step, rank)
-    torch.manual_seed(mix_seed(seed, step, rank, micro, 3))
+    seed_global(mix_seed(seed, step, rank, micro, 3))
     return torch.Generator().manual_seed(mix_seed(seed, step, rank, micro, 1))
 
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..tasks.base import mix_seed
+from ..tasks.base import mix_seed, seed_global
 
 EVAL_SALT = 0xE7A1
 
@@ -116,7 +116,7 @@ class ValSource:
 
     def batch(self, index: int, rank: int, world: int) -> Any:
         gen = torch.Generator().manual_seed(mix_seed(self.seed, index, EVAL_SALT))
-        torch.manual_seed(mix_seed(self.seed, index, EVAL_SALT, 1))  # whatever draws from the global RNG
+        seed_global(mix_seed(self.seed, index, EVAL_SALT, 1))  # whatever draws from the global RNG
         if self.dataset is None:
             return self.task.val_batch(index, rank, world, gen)
         n, bs = len(self.dataset), self.batch_size

@@ -91,6 +91,23 @@ def form_mesh_groups(store: Any, comm: Any, pp: int, tp: int, host: str, timeout
     return MeshGroups(pgs[0], pgs[1], s * tp + t, r, comms[:2], tp=pgs[2], extra=[pgs[2], comms[2]])
 
 
+def gradient_buckets(grads: List[torch.Tensor], limit_bytes: int) -> List[List[torch.Tensor]]:
+    """``grads`` in order, cut into runs of one dtype and device of at most ``limit_bytes`` each
+    (a gradient larger than that is a run of its own)."""
+    buckets: List[List[torch.Tensor]] = []
+    size = 0
+    for g in grads:
+        nbytes = g.numel() * g.element_size()
+        last = buckets[-1] if buckets else None
+        if last is None or (g.dtype, g.device) != (last[0].dtype, last[0].device) or size + nbytes > limit_bytes:
+            buckets.append([g])
+            size = nbytes
+        else:
+            last.append(g)
+            size += nbytes
+    return buckets
+
+
 class LocalState(OneOptimizer):
     """The shared members of :class:`.fsdp_strategy.FSDPStrategy`, :class:`.tp.TPStrategy` and
     :class:`.pp.PPStrategy`; a subclass says when it is ``ready`` (prepared) and what its state's
@@ -166,12 +183,20 @@ class LocalState(OneOptimizer):
 
     def mean_over_replicas(self, group: Any, n: int) -> None:
         """Each local gradient summed over the replicate ``group``, in place, and divided by ``n``
-        (the micro-batches of every replica): the mean over the global batch, before the norm."""
-        for p in self.e.model.parameters():
-            if p.grad is not None:
-                g = fsdp._local(p.grad)
-                torch.distributed.all_reduce(g, group=group)
-                g.div_(n)
+        (the micro-batches of every replica): the mean over the global batch, before the norm.
+        The gradients go in buckets of ``train.bucket_mb`` (one all-reduce each, as DDP's; a
+        gradient larger than that alone, in place): a gloo all-reduce per tensor cost 7 ms of CPU
+        a step against 2 ms for one bucket (the 19 gradients of a 0.37 M stage, 2 ranks; the
+        elementwise sums are the same)."""
+        grads = [fsdp._local(p.grad) for p in self.e.model.parameters() if p.grad is not None]
+        limit = int(float(self.e.cfg.train.bucket_mb) * (1 << 20))
+        for bucket in gradient_buckets(grads, limit):
+            flat = bucket[0] if len(bucket) == 1 and bucket[0].is_contiguous() else torch.cat([g.reshape(-1) for g in bucket])
+            torch.distributed.all_reduce(flat, group=group)
+            flat.div_(n)
+            if flat is not bucket[0]:
+                for g, v in zip(bucket, flat.split([g.numel() for g in bucket])):
+                    g.copy_(v.view_as(g))
 
     def reduce_and_norm(self, comm: Any, wait: Callable[[List[Any]], None], broadcasts: List[Any]) -> torch.Tensor:
         """After the last backward (tp, pp): the gradients made the global mean over the replicas

@@ -38,7 +38,7 @@ their schedule are built at every generation's bind around the same modules (tor
 keeps its group, its peers' ranks and the shapes it inferred; a new one infers them again on
 the new group in its first step: a few small messages). Then
 each parameter's gradient (the sum over this replica's micro-batches) is summed over the
-replicate group and divided into the mean over the global batch; the norm is each stage's
+replicate group (in buckets of ``train.bucket_mb``) and divided into the mean over the global batch; the norm is each stage's
 squares summed over the pipeline. The loss the engine reports is the mean over the world's
 ranks and micro-batches: the last stage adds each micro-batch's loss ``P`` times (the other
 stages add nothing), as the ranks of a TP group each add the same loss.
@@ -80,7 +80,7 @@ import torch
 import torch.distributed as dist
 
 from . import fsdp
-from ..tasks.base import mix_seed
+from ..tasks.base import mix_seed, seed_global
 from .data import forward_seed
 from .evaluation import split_loss
 from .grouped import LocalState, collectives, form_mesh_groups, mesh_coordinate
@@ -320,7 +320,7 @@ class PPStrategy(LocalState):
         if stage == 0:
             forward_seed(seed, self._step, data_rank, micro)
         else:
-            torch.manual_seed(mix_seed(seed, self._step, data_rank, micro, 5, stage))
+            seed_global(mix_seed(seed, self._step, data_rank, micro, 5, stage))
 
     # ------------------------------------------------------------------ one step
     def _inputs(self, step: int) -> Tuple[Any, Any]:

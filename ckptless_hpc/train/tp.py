@@ -12,7 +12,8 @@ over the TP group that every later generation re-points at its own group (the sa
 
 A step: every rank of a TP group computes the same micro-batches (its data rank is
 ``rank // tp``) and its DTensor collectives run inside forward and backward; after the last
-backward each parameter's local gradient is summed over the replicate group, in place (a
+backward each parameter's local gradient is summed over the replicate group, in buckets of
+``train.bucket_mb`` (:meth:`.grouped.LocalState.mean_over_replicas`; a
 peer's death raises there: ``StepFailed``), and divided into the mean over the global batch;
 then the norm sums the squares of the sharded gradients' local parts over the TP group and adds
 the replicated ones once.

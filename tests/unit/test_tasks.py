@@ -45,6 +45,17 @@ def test_mix_seed_pinned_values() -> None:
 
 
 @pytest.mark.timeout(30)
+def test_seed_global_leaves_the_cpu_generator_as_torch_manual_seed_does() -> None:
+    from ckptless_hpc.tasks.base import seed_global
+
+    torch.manual_seed(mix_seed(3, 4))
+    want = (torch.get_rng_state(), torch.rand(5))
+    seed_global(mix_seed(3, 4))
+    got = (torch.get_rng_state(), torch.rand(5))
+    assert torch.equal(want[0], got[0]) and torch.equal(want[1], got[1])
+
+
+@pytest.mark.timeout(30)
 def test_lr_at_warmup_then_cosine() -> None:
     kw = dict(lr=1.0, warmup_steps=10, total_steps=110, min_lr_ratio=0.1)
     warm = [lr_at(s, **kw) for s in range(10)]

@@ -138,3 +138,12 @@ def test_the_built_in_lm_task_has_megatrons_mlp_plan():
         "blocks.1.fc1": "ColwiseParallel",
         "blocks.1.fc2": "RowwiseParallel",
     }
+
+
+def test_the_replicate_reduction_buckets_consecutive_gradients_of_one_dtype_up_to_bucket_mb():
+    from ckptless_hpc.train.grouped import gradient_buckets
+
+    g = [torch.zeros(10), torch.zeros(10), torch.zeros(100), torch.zeros(3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64), torch.zeros(2)]
+    sizes = lambda limit: [[t.numel() for t in b] for b in gradient_buckets(g, limit)]  # noqa: E731
+    assert sizes(80) == [[10, 10], [100], [3, 3], [2]]  # 400 bytes > 80: alone
+    assert sizes(1 << 20) == [[10, 10, 100], [3, 3], [2]]  # a dtype change starts a bucket
