@@ -111,3 +111,30 @@ def test_damaged_stream_is_detected(damage, message):
             fetch_state("127.0.0.1", server.port, SECRET, gen=0, step=1, timeout_s=10)
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["fetch", "shard-copy"])
+@pytest.mark.parametrize("damage", [None, "corrupt", "truncate"])
+def test_both_hashings_move_bitwise_and_detect_damage(overlap, damage):
+    """A fetch hashes 8 MB slices in a helper thread, a shard copy 1 MB pieces in its own thread
+    (transfer._Hasher): either way the bytes arrive bitwise, and damage on the wire past the
+    first piece is detected."""
+    from ckptless_hpc.state import transfer as tr
+
+    gen = torch.Generator().manual_seed(0)
+    entries = [(f"t{i}", torch.randn(n, generator=gen)) for i, n in enumerate([3 << 20, 5, 1 << 20])]  # 12 MB, 20 B, 4 MB
+    a, b = socket.socketpair()
+    sent = threading.Thread(target=lambda: (tr._send_entries(a, entries, {"step": 7}, damage, target=0, overlap=overlap), a.close()), daemon=True)
+    sent.start()
+    try:
+        head = tr._recv_big(b)
+        if damage is None:
+            got = tr._recv_entries(b, head, None, "peer", 7, overlap=overlap)
+            assert [n for n, _ in got.entries] == [n for n, _ in entries]
+            assert all(torch.equal(x, y) for (_, x), (_, y) in zip(got.entries, entries))
+        else:
+            with pytest.raises(TransferError, match="checksum mismatch" if damage == "corrupt" else "truncated"):
+                tr._recv_entries(b, head, None, "peer", 7, overlap=overlap)
+    finally:
+        sent.join(10)
+        b.close()
