@@ -58,13 +58,24 @@ def build(task_json: str, seed: int) -> Tuple[Any, torch.nn.Module, Any]:
     return task, task.build_model(), OptimConfig()
 
 
+BUCKET_BYTES = 16 << 20  # DDP's default bucket (and the jobs' train.bucket_mb): a fair baseline sums in buckets, not per tensor
+
+
 def reduce_grads(params: List[torch.nn.Parameter], group: Any, divisor: int) -> None:
-    """Each parameter's local gradient summed over the data-parallel group, then divided into the mean over the global batch."""
-    for p in params:
-        if p.grad is not None:
-            g = _local(p.grad)
-            dist.all_reduce(g, group=group)
-            g.div_(divisor)
+    """The local gradients summed over the data-parallel group in flat buckets of at most
+    BUCKET_BYTES (as DDP does), then divided into the mean over the global batch."""
+    grads = [_local(p.grad) for p in params if p.grad is not None]
+    while grads:
+        bucket, size = [grads.pop(0)], 0
+        size = bucket[0].numel() * bucket[0].element_size()
+        while grads and grads[0].dtype == bucket[0].dtype and size + grads[0].numel() * grads[0].element_size() <= BUCKET_BYTES:
+            size += grads[0].numel() * grads[0].element_size()
+            bucket.append(grads.pop(0))
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        dist.all_reduce(flat, group=group)
+        flat.div_(divisor)
+        for g, v in zip(bucket, flat.split([g.numel() for g in bucket])):
+            g.copy_(v.view_as(g))
 
 
 def main(argv: Optional[List[str]] = None) -> None:
