@@ -10,6 +10,7 @@ position instead of receiving it, and keeps faulty runs bitwise equal to fault-f
 from __future__ import annotations
 
 import hashlib
+import functools
 import math
 import operator
 from typing import Any
@@ -75,9 +76,11 @@ def lr_at(step: int, *, lr: float, warmup_steps: int, total_steps: int, min_lr_r
     return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+@functools.lru_cache(maxsize=None)
 def _accelerators() -> bool:
     """Whether torch.manual_seed has more than the CPU generator to seed here: an accelerator
-    torch can use (CUDA, XPU, MPS, MTIA) or a registered custom device module."""
+    torch can use (CUDA, XPU, MPS, MTIA) or a registered custom device module. Asked once per
+    process (a seed is set several times a step)."""
     custom = getattr(torch, torch._C._get_privateuse1_backend_name(), None)
     return torch.cuda.is_available() or torch.xpu.is_available() or torch.backends.mps.is_available() or torch.mtia.is_available() or custom is not None
 
