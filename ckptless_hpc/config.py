@@ -482,7 +482,7 @@ class ParallelConfig:
     tensor parallel in groups of tp ranks (the task's plan), replicated across groups | pp:
     pipelines of pp stages (the task's split), replicated across pipelines."""
     shard_size: Optional[int] = None
-    """hsdp: ranks per shard group (world must be a multiple)."""
+    """hsdp: ranks per shard group (world must be a multiple); tp: FSDP2 over this many TP groups inside each replica (a replica: shard_size x tp ranks, rank r*S*T + s*T + t; null or 1: tensor parallel alone)."""
     tp: Optional[int] = None
     """tp: ranks per tensor-parallel group, one replica of the model (world must be a multiple; the task gives the plan: Task.tp_plan); pp: each stage tensor-parallel over tp ranks (a replica: pp x tp ranks, rank r*pp*tp + s*tp + t)."""
     pp: Optional[int] = None
@@ -552,7 +552,7 @@ class ParallelConfig:
             ParallelConfig.check_hsdp(p.shard_size, need, shape, probes)
             return
         if p.mode == "tp":
-            ParallelConfig.check_groups(p.get("tp"), r, need, shape, probes, field="parallel.tp", what="tp needs a tensor-parallel group size")
+            ParallelConfig.check_tp_shard(p, r, need, shape, probes)
             need(
                 p.get("pp") is None,
                 "parallel.pp",
@@ -591,6 +591,24 @@ class ParallelConfig:
         ParallelConfig.check_hsdp(s, need, shape, probes, field=field, what=what)
 
     @staticmethod
+    def check_tp_shard(p: Any, r: Any, need: Need, shape: Shape, probes: "Probes") -> None:
+        """parallel=tp: a TP group size, and with ``parallel.shard_size`` > 1 FSDP2 over that many
+        TP groups inside each replica (a replica: shard_size x tp ranks)."""
+        s = p.get("shard_size")
+        if s is not None and not (_is_int(s) and s >= 1):
+            need(
+                False,
+                "parallel.shard_size",
+                s,
+                "must be null or an integer >= 1 (under parallel=tp: the TP groups of a replica that FSDP2 shards the model over)",
+                "set parallel.shard_size=2, or null for tensor parallel alone",
+            )
+        elif _is_int(s) and s > 1 and _is_int(p.get("tp")) and p.tp >= 1:
+            ParallelConfig.check_groups(group_size(p), r, need, shape, probes, field="parallel.shard_size x parallel.tp", what="tp x shard needs a replica (shard_size x tp ranks)")
+        else:
+            ParallelConfig.check_groups(p.get("tp"), r, need, shape, probes, field="parallel.tp", what="tp needs a tensor-parallel group size")
+
+    @staticmethod
     def check_pp(p: Any, t: Any, r: Any, need: Need, shape: Shape, probes: "Probes") -> None:
         """parallel=pp: a pipeline size dividing the world into replicas on different nodes (as
         hsdp's shard groups), a schedule torch has, enough micro-batches for 1F1B, and nothing
@@ -605,9 +623,16 @@ class ParallelConfig:
                 "set parallel.tp=2, or null for no TP",
             )
         elif _is_int(tp) and tp > 1 and _is_int(p.get("pp")):  # pp x tp: a replica is pp x tp ranks
-            ParallelConfig.check_groups(group_size(p), r, need, shape, probes, field=f"parallel.pp={p.pp} x parallel.tp", what="pp x tp needs a replica (pp x tp ranks)")
+            ParallelConfig.check_groups(group_size(p), r, need, shape, probes, field="parallel.pp x parallel.tp", what="pp x tp needs a replica (pp x tp ranks)")
         else:
             ParallelConfig.check_groups(p.get("pp"), r, need, shape, probes, field="parallel.pp", what="pp needs a pipeline size (stages per replica)")
+        need(
+            p.get("shard_size") in (None, 1),
+            "parallel.shard_size",
+            p.get("shard_size"),
+            "parallel=pp has no FSDP inside a stage (pp x shard) yet",
+            "leave parallel.shard_size unset; for FSDP2 inside a replica use parallel=tp parallel.shard_size=S",
+        )
         sched = p.get("pp_schedule", "gpipe")
         need(sched in PP_SCHEDULES, "parallel.pp_schedule", sched, "unknown pipeline schedule", f"use one of {', '.join(PP_SCHEDULES)}")
         if sched == "1f1b" and _is_int(p.get("pp")) and _is_int(t.grad_accum):
@@ -913,27 +938,32 @@ def resume_shards(cfg: Any) -> int:
 
 
 def group_size(parallel: Any) -> Optional[int]:
-    """Ranks per replica group of a ``parallel`` config: hsdp's shard_size, tp's tp, pp's pp
-    (pp x tp: pp * tp, a replica's pipelines of TP groups; else None)."""
+    """Ranks per replica group of a ``parallel`` config: hsdp's shard_size, tp's tp (tp x shard:
+    shard_size * tp, a replica's TP groups that FSDP2 shards over), pp's pp (pp x tp: pp * tp, a
+    replica's pipelines of TP groups; else None)."""
     mode = str(getattr(parallel, "mode", "ddp"))
     if mode == "pp":
         pp, tp = getattr(parallel, "pp", None), getattr(parallel, "tp", None)
         return pp * tp if _is_int(pp) and _is_int(tp) and tp > 1 else pp
     if mode == "tp":
-        return getattr(parallel, "tp", None)
+        tp, shard = getattr(parallel, "tp", None), getattr(parallel, "shard_size", None)
+        return tp * shard if _is_int(tp) and _is_int(shard) and shard > 1 else tp
     return getattr(parallel, "shard_size", None)
+
+
+def same_batch(parallel: Any) -> int:
+    """Ranks of a ``parallel`` config that compute the same batch: a TP group (tp), a replica's
+    pipelines of TP groups (pp); 1 otherwise."""
+    mode = str(getattr(parallel, "mode", "ddp"))
+    size = getattr(parallel, "tp", None) if mode == "tp" else group_size(parallel) if mode == "pp" else None
+    return int(size) if _is_int(size) and size >= 1 else 1
 
 
 def data_world(cfg: Any) -> int:
     """The ranks that each train on a batch of their own: the world, less tensor and pipeline
     parallel's groups (the ranks of one TP group, or of one pipeline, compute the same batch)."""
-    world = Shape.of(cfg).world
     p = cfg.get("parallel") if hasattr(cfg, "get") else None
-    mode = str(p.mode) if p is not None else "ddp"
-    size = group_size(p) if mode in ("tp", "pp") else None
-    if _is_int(size) and size >= 1:
-        return world // int(size)
-    return world
+    return Shape.of(cfg).world // (same_batch(p) if p is not None else 1)
 
 
 def global_batch(cfg: Any, batch_size: Any = None) -> str:

@@ -1,4 +1,4 @@
-"""The coordinator's view of the state layout (parallel=ddp|zero|fsdp|hsdp|tp): which shard each
+"""The coordinator's view of the state layout (parallel=ddp|zero|fsdp|hsdp|tp|pp): which shard each
 rank holds, where its copies go, what the layout survives, and how the final state's
 fingerprint is made of the shards'. Pure decisions (state.placement) plus the bits of the
 assign message they produce; no I/O."""
@@ -21,6 +21,7 @@ class Layout:
         self.wpn = c.workers_per_node
         self.shard_size = group_size(p) if p is not None else None
         self.pp, self.tp = (int(p.get("pp") or 1), int(p.get("tp") or 1)) if p is not None and self.mode == "pp" else (1, 1)
+        self.tp_shard = int(p.get("shard_size") or 1) if p is not None and self.mode == "tp" else 1  # FSDP2 over this many TP groups of a replica
         r = cfg.get("replication") if hasattr(cfg, "get") else getattr(cfg, "replication", None)
         self.factor = int(r.factor) if r is not None and sends_copies(self.mode, self.world, self.shard_size) else 0
         self.every = int(r.every) if r is not None else 1
@@ -47,7 +48,11 @@ class Layout:
             "zero": f"optimizer state sharded over {self.world} ranks, {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each shard on other nodes every {self.every} step(s)",
             "fsdp": f"parameters and optimizer state sharded over {self.world} ranks (FSDP2), {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each shard on other nodes every {self.every} step(s)",
             "hsdp": f"FSDP2 in shard groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each shard",
-            "tp": f"tensor parallel in groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each TP coordinate's shard",
+            "tp": (
+                f"FSDP2 over {self.tp_shard} x tensor parallel {int(self.shard_size or 1) // self.tp_shard}, {self.world // int(self.shard_size or 1)} replicas of each (shard, TP rank)'s shard"
+                if self.tp_shard > 1
+                else f"tensor parallel in groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each TP coordinate's shard"
+            ),
             "pp": f"pipelines of {self.pp} stages{f' x tensor parallel {self.tp}' if self.tp > 1 else ''}, {self.world // int(self.shard_size or 1)} replicas of each "
             + ("(stage, TP rank)'s shard" if self.tp > 1 else "stage's shard"),
         }[self.mode]

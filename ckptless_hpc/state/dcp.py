@@ -74,12 +74,9 @@ def optimizer_state(shards: Sequence[Shard]) -> Dict[str, Any]:
             fqn, _, k = key.rpartition(".")
             state.setdefault(fqn, {})[k] = v
         _merge_groups(groups, [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[i] for i in g["params"]]} for g in meta["param_groups"]])
-    dims = shard_dims(shards)
+    join = joiner(shards)
     for (fqn, key), ts in parts.items():
-        if dims is not None and fqn not in dims:
-            state.setdefault(fqn, {})[key] = ts[0]  # replicated: whole in every shard
-            continue
-        state.setdefault(fqn, {})[key] = torch.cat(ts, dim=(dims or {}).get(fqn, 0)) if len(ts) > 1 and ts[0].dim() > 0 else ts[0]
+        state.setdefault(fqn, {})[key] = join(fqn, ts)
     return {"state": state, "param_groups": groups}
 
 
@@ -88,6 +85,28 @@ def shard_dims(shards: Sequence[Tuple[Any, Dict[str, Any]]]) -> Optional[Dict[st
     ``meta["shard_dims"]`` (pp x tp: each stage's ranks name their own stage's); None without TP."""
     metas = [m["shard_dims"] for _, m in shards if m.get("shard_dims") is not None]
     return {n: d for dims in metas for n, d in dims.items()} if metas else None
+
+
+def joiner(shards: Sequence[Tuple[Any, Dict[str, Any]]]) -> Any:
+    """``join(name, parts)``: one parameter's (or its optimizer state's) whole tensor from its
+    pieces in shard order, for the layout the shards' metadata names (:func:`join`)."""
+    dims = shard_dims(shards)
+    fsdp = next((int(m["fsdp_shards"]) for _, m in shards if m.get("fsdp_shards")), None)
+    if dims is None:  # fsdp, hsdp: FSDP2's dim-0 shards, every piece one
+        return lambda name, parts: join(parts, None, len(parts))
+    return lambda name, parts: join(parts, dims.get(name), fsdp or 1)
+
+
+def join(parts: Sequence[torch.Tensor], tp_dim: Optional[int], fsdp_shards: int) -> torch.Tensor:
+    """One tensor from its pieces in shard order, piece ``s*T + t`` FSDP2 shard ``s`` of TP rank
+    ``t``'s part: each TP rank's FSDP2 dim-0 shards concatenated (``fsdp_shards`` of them: 1
+    without FSDP), then the TP ranks' parts along ``tp_dim`` (None: not TP-sharded, the same in
+    every TP rank). A 0-dim tensor (Adam's step) is the same everywhere."""
+    if len(parts) == 1 or parts[0].dim() == 0:
+        return parts[0]
+    n_tp = len(parts) // fsdp_shards
+    per_tp = [torch.cat(list(parts[t::n_tp])) if fsdp_shards > 1 else parts[t] for t in range(n_tp)]
+    return per_tp[0] if tp_dim is None or n_tp == 1 else torch.cat(per_tp, dim=tp_dim)
 
 
 def _merge_groups(into: List[Dict[str, Any]], groups: List[Dict[str, Any]]) -> None:

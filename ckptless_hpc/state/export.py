@@ -47,20 +47,12 @@ class NoCopyBeside(ExportError):
 def job_view(shards: Sequence[Tuple[List[Tuple[str, torch.Tensor]], Dict[str, Any]]]) -> Dict[str, torch.Tensor]:
     """The model's whole tensors (name -> tensor, the job's view: state/views.py) from the entries
     of every shard, in shard order: ``model.<name>`` whole (the first shard's where several hold
-    it), ``param/<name>`` shards concatenated (FSDP2: along dim 0; tensor parallel: along the
-    dimension ``meta["shard_dims"]`` names, whole where it names none), ``buffer/<name>`` whole."""
+    it), ``param/<name>`` shards joined (FSDP2: along dim 0; tensor parallel: along the dimension
+    ``meta["shard_dims"]`` names, whole where it names none; tp x shard: both, state/dcp.py
+    :func:`~.dcp.join`), ``buffer/<name>`` whole."""
     whole: Dict[str, torch.Tensor] = {}
     parts: Dict[str, List[torch.Tensor]] = {}
-    dims = dcp.shard_dims(shards)
-    if dims is not None:  # tensor parallel: a parameter no plan shards is whole in every shard
-        for entries, _ in shards:
-            for name, t in entries:
-                n = name[len("param/") :]
-                if name.startswith("param/") and n not in dims:
-                    whole.setdefault(n, t)
-        joined = {n: torch.cat([t for e, _ in shards for name, t in e if name == f"param/{n}"], dim=d) for n, d in dims.items()}
-        shards = [([(name, t) for name, t in e if not name.startswith("param/")], m) for e, m in shards]
-        whole.update(joined)
+    join = dcp.joiner(shards)
     for entries, _ in shards:
         for name, t in entries:
             if name.startswith("param/"):
@@ -69,7 +61,7 @@ def job_view(shards: Sequence[Tuple[List[Tuple[str, torch.Tensor]], Dict[str, An
                 whole.setdefault(name[len("model.") :], t)
             elif name.startswith("buffer/"):
                 whole.setdefault(name[len("buffer/") :], t)
-    whole.update({n: torch.cat(ps) if len(ps) > 1 and ps[0].dim() > 0 else ps[0] for n, ps in parts.items()})
+    whole.update({n: join(n, ps) for n, ps in parts.items()})
     return whole
 
 

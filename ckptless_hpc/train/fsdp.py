@@ -260,13 +260,16 @@ class FSDPBinding:
         hsdp_replicate_group: Optional[dist.ProcessGroup] = None,
         units: Optional[Sequence[nn.Module]] = None,
         rank: Optional[int] = None,
+        mesh: Any = None,
         **fully_shard_kwargs: Any,
     ) -> "FSDPBinding":
         """``fully_shard`` each unit (default :func:`default_units`), then the root, over
         ``group`` (FSDP: the generation's group; HSDP: the shard group, with the cross-replica
         mean on ``hsdp_replicate_group``). ``rank``: this process's global rank (default
-        ``dist.get_rank()``). ``fully_shard_kwargs`` go to every call (e.g. ``mp_policy``);
-        ``reshard_after_forward`` must stay a bool (an int makes a second, post-forward mesh)."""
+        ``dist.get_rank()``). ``mesh``: a 1-D mesh over ``group`` to shard on (tp x shard: the
+        dp_shard slice of a 2-D mesh; default: one made here). ``fully_shard_kwargs`` go to every
+        call (e.g. ``mp_policy``); ``reshard_after_forward`` must stay a bool (an int makes a
+        second, post-forward mesh)."""
         from torch.distributed.fsdp import fully_shard
 
         P.check()
@@ -278,7 +281,7 @@ class FSDPBinding:
                 raise ValueError(f"{key} is set by FSDPBinding (one 1-D mesh per generation group)")
         rank = dist.get_rank() if rank is None else rank
         ranks = dist.get_process_group_ranks(group)
-        mesh = P.mesh_of(group, ranks, rank, _device_type(model))
+        mesh = P.mesh_of(group, ranks, rank, _device_type(model)) if mesh is None else mesh
         for unit in default_units(model) if units is None else units:
             fully_shard(unit, mesh=mesh, **fully_shard_kwargs)
         fully_shard(model, mesh=mesh, **fully_shard_kwargs)

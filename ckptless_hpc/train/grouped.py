@@ -54,7 +54,8 @@ def collectives(what: str) -> Iterator[None]:
 @dataclass
 class MeshGroups(fsdp.HSDPGroups):
     """pp x tp's groups of a generation: ``shard`` is the pipeline, ``replicate`` the replicate
-    group (as pp's), ``tp`` the stage's TP group; ``extra`` what :meth:`groups` adds for release."""
+    group (as pp's), ``tp`` the stage's TP group; tp x shard's: ``shard`` the FSDP shard group (the
+    same TP rank of every TP group of the replica); ``extra`` what :meth:`groups` adds for release."""
 
     tp: Any = None
     extra: List[Any] = field(default_factory=list)
@@ -65,21 +66,23 @@ class MeshGroups(fsdp.HSDPGroups):
 
 def mesh_coordinate(rank: int, pp: int, tp: int) -> Tuple[int, int, int]:
     """(replica, stage, TP rank) of ``rank`` in replicas of ``pp x tp`` ranks: rank = r*pp*tp + s*tp + t
-    (a stage's TP group is consecutive ranks: one node, or one fast domain)."""
+    (a stage's TP group is consecutive ranks: one node, or one fast domain). tp x shard: ``pp`` is
+    the FSDP shard count and ``s`` the shard index."""
     r, c = divmod(rank, pp * tp)
     s, t = divmod(c, tp)
     return r, s, t
 
 
-def form_mesh_groups(store: Any, comm: Any, pp: int, tp: int, host: str, timeout_s: float, device: torch.device) -> MeshGroups:
+def form_mesh_groups(store: Any, comm: Any, pp: int, tp: int, host: str, timeout_s: float, device: torch.device, outer: str = "pp") -> MeshGroups:
     """Generation ``comm.gen``'s pp x tp groups, each formed by ``Communicator.form`` on its own
     prefix of the job store and registered as ``gen<g>/<kind>``: the pipeline (same replica and
     TP rank), the stage's TP group (same replica and stage), the replicate group (same
-    coordinate in every replica)."""
+    coordinate in every replica). tp x shard: ``outer="sh"``, the FSDP shard group in the
+    pipeline's place (``pp`` shards)."""
     size = pp * tp
     r, s, t = mesh_coordinate(comm.rank, pp, tp)
     kinds = [
-        (f"pp{r}_{t}", [r * size + i * tp + t for i in range(pp)]),
+        (f"{outer}{r}_{t}", [r * size + i * tp + t for i in range(pp)]),
         (f"rep{s}_{t}", list(range(s * tp + t, comm.world, size))),
         (f"tp{r}_{s}", [r * size + s * tp + i for i in range(tp)]),
     ]

@@ -382,7 +382,7 @@ class PPStrategy(LocalState):
         over the pipeline (the stages hold disjoint parameters; every replica holds the same
         reduced gradients)."""
         if self.tp > 1:
-            sq = sharded_squares(self.module, self.tp_group)  # type: ignore[arg-type]
+            sq = sharded_squares(self.module, self.tp_group, self.shard_dims)  # type: ignore[arg-type]
         else:
             sq = torch.zeros((), dtype=torch.float64)
             for p in self.module.parameters():  # type: ignore[union-attr]

@@ -13,7 +13,8 @@ groups a generation needs, and how its state is collected and applied.
 - :class:`.fsdp_strategy.FSDPStrategy` (``parallel=fsdp`` and ``hsdp``, its shard and replicate
   groups formed per generation);
 - :class:`.tp.TPStrategy` (``parallel=tp``): tensor parallel in groups of ``parallel.tp`` ranks
-  (the task's plan), data parallel across them;
+  (the task's plan), data parallel across them; :class:`.tp.TPShardStrategy` with
+  ``parallel.shard_size`` > 1: FSDP2 over that many TP groups inside each replica (2-D);
 - :class:`.pp.PPStrategy` (``parallel=pp``): pipelines of ``parallel.pp`` stages (the task's
   split), data parallel across them.
 
@@ -136,9 +137,9 @@ def make(engine: Any) -> Strategy:
 
         return FSDPStrategy(engine)
     if mode == "tp":
-        from .tp import TPStrategy
+        from .tp import TPShardStrategy, TPStrategy
 
-        return TPStrategy(engine)
+        return TPShardStrategy(engine) if int(engine.cfg.parallel.get("shard_size") or 1) > 1 else TPStrategy(engine)
     if mode == "pp":
         from .pp import PPStrategy
 

@@ -104,8 +104,27 @@ def rebind_mesh(mesh: object, pg: dist.ProcessGroup) -> None:
     mesh._pg_registry = {pg.group_name: pg}  # type: ignore[attr-defined]
 
 
+def mesh_2d(ranks: Sequence[Sequence[int]], dim_names: Sequence[str], my_rank: int, device_type: str, groups: Dict[str, dist.ProcessGroup]) -> object:
+    """A 2-D DeviceMesh of ``ranks`` (rows x columns) whose dims are ``dim_names``, each pointed
+    at the group of its name in ``groups`` (:func:`point_mesh`); as :func:`mesh_of`, it never
+    asks the default group."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    mesh = DeviceMesh(device_type, torch.tensor(ranks, dtype=torch.int), mesh_dim_names=tuple(dim_names), _init_backend=False, _rank=int(my_rank))
+    point_mesh(mesh, groups)
+    return mesh
+
+
+def point_mesh(mesh: object, groups: Dict[str, dist.ProcessGroup]) -> None:
+    """Point the SAME named mesh (any number of dims: a 2-D mesh, a slice of it, FSDP2's meshes
+    concatenated from slices) at the groups of its dims' names (as :func:`rebind_mesh`)."""
+    names = mesh.mesh_dim_names  # type: ignore[attr-defined]
+    mesh._dim_group_names = [groups[n].group_name for n in names]  # type: ignore[attr-defined]
+    mesh._pg_registry = {groups[n].group_name: groups[n] for n in names}  # type: ignore[attr-defined]
+
+
 def unbind_mesh(mesh: object) -> None:
-    mesh._dim_group_names = ["<unbound: between generations>"]  # type: ignore[attr-defined]
+    mesh._dim_group_names = ["<unbound: between generations>"] * mesh.ndim  # type: ignore[attr-defined]
     mesh._pg_registry = {}  # type: ignore[attr-defined]
 
 
@@ -150,6 +169,19 @@ def mesh_infos(model: torch.nn.Module) -> List[object]:
             for info in (fp.mesh_info, fp.post_forward_mesh_info):
                 if info is not None:
                     seen[id(info)] = info
+    return list(seen.values())
+
+
+def fsdp_param_meshes(model: torch.nn.Module) -> List[object]:
+    """The meshes FSDP2 made for its parameters over a TP-parallel model: each FSDPParam's SPMD
+    mesh and its sharding spec's (``_init_sharding_spec``'s ``DeviceMesh._concatenate`` of the
+    dp_shard and tp slices, which copied their group names); distinct objects."""
+    seen: Dict[int, object] = {}
+    for group in param_groups(model):
+        for fp in group.fsdp_params:  # type: ignore[attr-defined]
+            for m in (getattr(fp, "_spmd_mesh", None), getattr(getattr(fp, "_sharding_spec", None), "mesh", None)):
+                if m is not None:
+                    seen[id(m)] = m
     return list(seen.values())
 
 

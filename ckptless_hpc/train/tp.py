@@ -34,7 +34,8 @@ import torch.distributed as dist
 
 from . import fsdp
 from . import torch_private as P
-from .grouped import LocalState, collectives
+from .fsdp_strategy import FSDPStrategy
+from .grouped import LocalState, StepFailed, collectives, form_mesh_groups, is_comm_error
 
 
 def _shard_dim(t: torch.Tensor) -> Optional[int]:
@@ -86,21 +87,20 @@ def parallelize(task: Any, model: torch.nn.Module, mesh: Any) -> Dict[str, int]:
     return {n: d for n, p in model.named_parameters() if (d := _shard_dim(p)) is not None}
 
 
-def sharded_squares(model: torch.nn.Module, tp_group: Any) -> torch.Tensor:
-    """The squared L2 norm of a TP group's gradients: the sharded gradients' local squares summed
-    over ``tp_group`` (a collective), the replicated ones' added once (every rank holds them whole)."""
-    sharded = torch.zeros((), dtype=torch.float64)
-    replicated = torch.zeros((), dtype=torch.float64)
-    for p in model.parameters():
-        if p.grad is None:
-            continue
-        sq = torch.linalg.vector_norm(fsdp._local(p.grad), 2, dtype=torch.float64).pow(2).cpu()
-        if _shard_dim(p) is not None:
-            sharded += sq
-        else:
-            replicated += sq
+def sharded_squares(model: torch.nn.Module, tp_group: Any, shard_dims: Dict[str, int], shard_group: Any = None) -> torch.Tensor:
+    """The squared L2 norm of a TP group's gradients: the TP-sharded gradients' (``shard_dims``)
+    local squares summed over ``tp_group`` (a collective), the replicated ones' added once (every
+    rank holds them whole). tp x shard: both first summed over ``shard_group``, whose ranks each
+    hold FSDP2's dim-0 shard of them."""
+    sq = torch.zeros(2, dtype=torch.float64)  # [TP-sharded, TP-replicated]
+    for n, p in model.named_parameters():
+        if p.grad is not None:
+            sq[0 if n in shard_dims else 1] += torch.linalg.vector_norm(fsdp._local(p.grad), 2, dtype=torch.float64).pow(2).cpu()
+    if shard_group is not None:
+        dist.all_reduce(sq, group=shard_group)
+    sharded = sq[0].clone()
     dist.all_reduce(sharded, group=tp_group)
-    return sharded + replicated
+    return sharded + sq[1]
 
 
 class TPStrategy(LocalState):
@@ -174,4 +174,85 @@ class TPStrategy(LocalState):
     def _collective_norm(self) -> torch.Tensor:
         """The global L2 norm: the sharded gradients' local squares summed over the TP group,
         the replicated ones' added once (every rank of the group holds them whole)."""
-        return sharded_squares(self.e.model, self.tp_group).sqrt()
+        return sharded_squares(self.e.model, self.tp_group, self.shard_dims).sqrt()
+
+
+class TPShardStrategy(FSDPStrategy):
+    """``parallel=tp`` with ``parallel.shard_size=S`` > 1 (tp x shard, torchtitan's 2-D layout
+    ``dp_shard x tp``): a replica is ``S`` TP groups of ``T`` ranks, rank ``r*S*T + s*T + t``
+    (:func:`.grouped.mesh_coordinate`); the generation's groups are the TP group (same replica
+    and shard), the FSDP shard group (same replica and TP rank) and the replicate group (same
+    coordinate in every replica), :func:`.grouped.form_mesh_groups`. At the first bind the
+    model is made tensor parallel with the task's plan on the ``tp`` dim of a 2-D mesh
+    (``dp_shard``, ``tp``) over the replica, then FSDP2-sharded (fsdp.py's binding: the task's
+    units, then the root) on its ``dp_shard`` dim, with HSDP's cross-replica mean where there are
+    replicas; every later generation points the same meshes (the 2-D mesh, its two slices and
+    the meshes FSDP2 concatenated from them for each parameter) at its own groups.
+
+    The step is FSDP2's (fsdp_strategy.py): its all-gathers and reduce-scatters on the dp_shard
+    dim, the DTensor collectives on the tp dim; a TP group computes the same micro-batches (data
+    rank ``rank // T``). The norm: the squares of each rank's local pieces summed over the shard
+    group, the TP-sharded ones' then over the TP group. State: this rank's local tensors (FSDP2's
+    dim-0 shard of its TP shard) and, in the metadata, the TP dimension of each sharded
+    parameter and the number of FSDP2 shards (what the export joins by: state/dcp.py ``join``)."""
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__(engine)
+        p = engine.cfg.parallel
+        self.tp, self.n_shards = int(p.tp), int(p.shard_size)
+        self.same_batch = self.tp  # the ranks of a TP group compute the same batch
+        self.mesh: Any = None
+        self.tp_mesh: Any = None
+        self.tp_group: Any = None
+        self.shard_group: Any = None
+        self.shard_dims: Dict[str, int] = {}
+
+    def meta_extra(self) -> Dict[str, Any]:
+        return {"shard_dims": dict(self.shard_dims), "fsdp_shards": self.n_shards}
+
+    def warm_up(self) -> None:
+        return None  # the spare's first fully_shard runs over a TP-parallel model on the generation's mesh
+
+    def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
+        """The generation's TP, FSDP shard and replicate groups, as ``comm.hsdp``."""
+        comm.hsdp = form_mesh_groups(store, comm, self.n_shards, self.tp, host, timeout_s, self.e.device, outer="sh")
+
+    def meshes(self) -> List[Any]:
+        """Every mesh the model's DTensors and hooks hold: the 2-D mesh, its tp slice (the TP
+        plan's), and FSDP2's (its dp_shard slice is the binding's, among them)."""
+        return [self.mesh, self.tp_mesh, *P.fsdp_param_meshes(self.e.model)] if self.mesh is not None else []
+
+    def bind(self, comm: Any) -> None:
+        e = self.e
+        hs = comm.hsdp
+        groups = {"dp_shard": hs.shard, "tp": hs.tp}
+        rep = hs.replicate if e.world > self.n_shards * self.tp else None  # one replica: no cross-replica mean
+        self.tp_group, self.shard_group = hs.tp, hs.shard
+        if self.binding is not None:
+            for m in self.meshes():
+                P.point_mesh(m, groups)
+            self.binding.rebind(hs.shard, rep)
+            return
+        fsdp.stable_default_group(comm.rank, comm.world)
+        size = self.n_shards * self.tp
+        base = comm.rank // size * size
+        self.mesh = P.mesh_2d([[base + s * self.tp + t for t in range(self.tp)] for s in range(self.n_shards)], ("dp_shard", "tp"), comm.rank, e.device.type, groups)
+        self.tp_mesh = self.mesh["tp"]
+        self.shard_dims = parallelize(e.task, e.model, self.tp_mesh)
+        units = fsdp.units_for(e.task, e.model)
+        self.binding = fsdp.FSDPBinding.shard(e.model, hs.shard, rep, units=units, rank=comm.rank, mesh=self.mesh["dp_shard"], **self.shard_kwargs())
+        self.build_optimizer()
+
+    def let_go(self, comm: Any) -> bool:
+        for m in self.meshes():
+            P.unbind_mesh(m)
+        self.tp_group = self.shard_group = None
+        return super().let_go(comm)
+
+    def _collective_norm(self) -> torch.Tensor:
+        try:
+            return sharded_squares(self.e.model, self.tp_group, self.shard_dims, self.shard_group).sqrt()
+        except Exception as err:
+            if is_comm_error(err):
+                raise StepFailed(f"gradient norm: {err}") from None
+            raise

@@ -14,7 +14,9 @@ CI runs the pairs in ``PAIRS`` (each mode, each model and the failures of issue 
 here). Under ``parallel=tp`` the node killed holds a whole TP group (ranks 2 and 3), under
 ``parallel=pp`` a whole pipeline (its two stages), with gpipe, with 1F1B (2 micro-batches) and with
 interleaved 1F1B (4 stages on 2 ranks, 2 micro-batches); under ``pp x tp`` a whole replica (a
-pipeline of 2 stages, each a TP group of 2), then both TP ranks of stage 0.
+pipeline of 2 stages, each a TP group of 2), then both TP ranks of stage 0; under ``tp x shard``
+(FSDP2 over 2 TP groups of 2) with one replica, a TP group (each rank's shard comes back from its
+copy on the other node), with a replica per node, a whole replica.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ MODES = {
     ),
     # pp x tp: a replica per node, 2 stages each tensor-parallel over 2 ranks (rank r*4 + s*2 + t), two replicas
     "pp_tp": ("parallel=pp", "parallel.pp=2", "parallel.tp=2", "cluster.workers_per_node=4", "train.grad_accum=2", "train.clip_grad_norm=0.5"),
+    # tp x shard (torchtitan's dp_shard x tp): FSDP2 over 2 TP groups of 2 (rank r*4 + s*2 + t); one replica over
+    # the two nodes, each rank's shard copied to the other node (tp_shard_1), or a replica per node (tp_shard)
+    "tp_shard_1": ("parallel=tp", "parallel.tp=2", "parallel.shard_size=2", "cluster.workers_per_node=2", "train.grad_accum=2", "train.clip_grad_norm=0.5"),
+    "tp_shard": ("parallel=tp", "parallel.tp=2", "parallel.shard_size=2", "cluster.workers_per_node=4", "train.grad_accum=2", "train.clip_grad_norm=0.5"),
 }
 TP_MODELS = {"llama_tp", "llama_parallel"}  # the models with a tp_plan
 PP_MODELS = {"llama_pp", "llama_parallel"}  # the models with pipeline stages
@@ -74,7 +80,7 @@ FAULTS = (
 # CI's pairs: every mode and every model; the failures of issue 30: zero with the fused QKV under
 # an update kill (1), fsdp with a complex buffer and a hook that gathers DTensors (2, 3), zero with
 # a tie whose tensor rank 0 does not own (4)
-PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_tp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("pp_tp", "llama_parallel"), ("tp_1", "llama_tp"), ("pp_1", "llama_pp")]
+PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_tp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("pp_tp", "llama_parallel"), ("tp_1", "llama_tp"), ("pp_1", "llama_pp"), ("tp_shard_1", "llama_tp")]
 if os.environ.get("CKPTLESS_ZOO") == "full":
     PAIRS = [
         (mode, model)

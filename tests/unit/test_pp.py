@@ -53,7 +53,7 @@ def cfg(*overrides: str):
         (("cluster.nodes=3", "cluster.min_nodes=2"), "parallel.mode=pp cannot shrink yet"),
         (("parallel.param_dtype=bf16",), "FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not pp"),
         (("parallel.tp=0",), "parallel.tp=0: must be null or an integer >= 1"),
-        (("parallel.tp=2", "cluster.nodes=3"), "parallel.pp=2 x parallel.tp=4: pp x tp needs a replica (pp x tp ranks) that divides the world size 6"),
+        (("parallel.tp=2", "cluster.nodes=3"), "parallel.pp x parallel.tp=4: pp x tp needs a replica (pp x tp ranks) that divides the world size 6"),
     ],
 )
 def test_a_pp_layout_that_cannot_work_is_refused_naming_the_field(overrides, needle):

@@ -81,7 +81,7 @@ def test_fsdp2_internals():
     assert reduce_src.index("all_reduce_hook(reduce_output)") < reduce_src.index("_div_if_needed(reduce_output, postdivide_factor)")
 
 
-# ------------------------------------------------------------------ FSDP2 x TP on one 2-D mesh (issue 31's dp_shard x tp, not built yet)
+# ------------------------------------------------------------------ FSDP2 x TP on one 2-D mesh (train/tp.py's TPShardStrategy)
 _S, _T = 2, 2  # FSDP shard x TP ranks: rank = s * _T + t
 
 
@@ -109,15 +109,9 @@ def _gen_groups(store, gen: int, rank: int):
     return out
 
 
-def _point(mesh, groups) -> None:
-    mesh._dim_group_names = [groups[n].group_name for n in mesh.mesh_dim_names]
-    mesh._pg_registry = {groups[n].group_name: groups[n] for n in mesh.mesh_dim_names}
-
-
 def _two_d_worker(rank: int, port: int, q) -> None:
     import datetime
 
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -127,8 +121,7 @@ def _two_d_worker(rank: int, port: int, q) -> None:
         store = dist.TCPStore("127.0.0.1", port, _S * _T, rank == 0, timeout=datetime.timedelta(seconds=30))
         fsdp.stable_default_group(rank, _S * _T)
         groups = _gen_groups(store, 0, rank)
-        mesh = DeviceMesh("cpu", torch.arange(_S * _T).reshape(_S, _T), mesh_dim_names=("dp_shard", "tp"), _init_backend=False, _rank=rank)
-        _point(mesh, groups)
+        mesh = P.mesh_2d(torch.arange(_S * _T).reshape(_S, _T).tolist(), ("dp_shard", "tp"), rank, "cpu", groups)
         model = _mlp()
         tp_mesh, dp_mesh = mesh["tp"], mesh["dp_shard"]
         parallelize_module(model, tp_mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()}, src_data_rank=None)
@@ -137,16 +130,11 @@ def _two_d_worker(rank: int, port: int, q) -> None:
         for step in range(4):
             if step == 2:  # generation 1: new groups, the same mesh objects (and FSDP's own) re-pointed
                 old, groups = groups, _gen_groups(store, 1, rank)
-                meshes = {id(m): m for m in (mesh, tp_mesh, dp_mesh)}
-                for state in P.fsdp_states(model):
-                    pgroup = state._fsdp_param_group
-                    pgroup.mesh_info.shard_process_group = groups["dp_shard"]
-                    meshes[id(pgroup.mesh_info.mesh)] = pgroup.mesh_info.mesh
-                    for fp in pgroup.fsdp_params:  # _init_sharding_spec_tp: DeviceMesh._concatenate copied the names
-                        meshes[id(fp._spmd_mesh)] = fp._spmd_mesh
-                        meshes[id(fp._sharding_spec.mesh)] = fp._sharding_spec.mesh
-                for m in meshes.values():
-                    _point(m, groups)
+                # FSDP's per-parameter meshes: _init_sharding_spec_tp's DeviceMesh._concatenate copied the names
+                for m in (mesh, tp_mesh, dp_mesh, *P.fsdp_param_meshes(model)):
+                    P.point_mesh(m, groups)
+                for info in P.mesh_infos(model):
+                    P.set_shard_group(info, groups["dp_shard"])
                 for pg in old.values():  # generation 0 is gone: a mesh still pointing at it fails
                     P.forget(pg)
                     pg.abort()

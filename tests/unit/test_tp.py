@@ -74,28 +74,37 @@ def test_a_task_without_a_plan_or_with_a_wrong_one_is_refused_with_a_hint():
     assert set(plan_of(task, task.build_model())) >= {"layers.0.attention.wq", "layers.1.feed_forward.w2"}
 
 
-def _tp_shards(model: nn.Module, tp: int, dims: dict, opt: torch.optim.Optimizer):
-    """What the ranks of one TP group save (train/tp.py collect): each sharded parameter's and its
-    optimizer state's local slice along its dim, the rest whole; ``shard_dims`` in the metadata."""
+def _tp_shards(model: nn.Module, tp: int, dims: dict, opt: torch.optim.Optimizer, fsdp: int = 1):
+    """What the ranks of one replica save (train/tp.py collect): each sharded parameter's and its
+    optimizer state's local slice along its dim, the rest whole; ``shard_dims`` in the metadata.
+    ``fsdp`` > 1 (tp x shard): rank ``s*tp + t`` holds FSDP2's dim-0 chunk ``s`` of TP rank
+    ``t``'s part (every tensor's, TP-sharded or not), and the metadata says ``fsdp_shards``."""
     names = {id(p): n for n, p in model.named_parameters()}
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
     groups = [[names[id(p)] for p in g["params"]] for g in opt.param_groups]
     view = UserView.of(model).to_json([n for n, _ in model_tensors(model)])
     out = []
-    for r in range(tp):
+    for r in range(fsdp * tp):
+        s, t = divmod(r, tp)
 
-        def mine(n, t, r=r):
-            return t.chunk(tp, dim=dims[n])[r] if n in dims and t.dim() > 0 else t
+        def mine(n, v, s=s, t=t):
+            if v.dim() == 0:
+                return v
+            part = v.chunk(tp, dim=dims[n])[t] if n in dims else v
+            return torch.tensor_split(part, fsdp)[s] if fsdp > 1 else part  # uneven pieces (FSDP2 cuts by torch.chunk: the join concatenates in order either way)
 
         entries = [(f"param/{n}", mine(n, p.detach())) for n, p in model.named_parameters()]
         entries += [(f"buffer/{n}", b) for n, b in model.named_buffers()]
         for p, st in opt.state.items():
             entries += [(f"optim/{names[id(p)]}/{k}", mine(names[id(p)], v)) for k, v in sorted(st.items())]
-        out.append((entries, {"step": 2, "hyper": hyper, "groups": groups, "shard_dims": dims, "user_view": view}))
+        meta = {"step": 2, "hyper": hyper, "groups": groups, "shard_dims": dims, "user_view": view}
+        out.append((entries, {**meta, "fsdp_shards": fsdp} if fsdp > 1 else meta))
     return out
 
 
-def test_tp_shards_join_along_their_dims_into_the_model_and_its_optimizer(tmp_path):
+@pytest.mark.parametrize("fsdp", [1, 2, 3])
+def test_tp_shards_join_along_their_dims_into_the_model_and_its_optimizer(fsdp):
+    """tp (fsdp=1) and tp x shard (FSDP2 over 2 or 3 TP groups: uneven dim-0 chunks too)."""
     task = LlamaTPTask()
     torch.manual_seed(0)
     model = task.build_model()
@@ -106,7 +115,7 @@ def test_tp_shards_join_along_their_dims_into_the_model_and_its_optimizer(tmp_pa
         opt.zero_grad()
     plan = task.tp_plan(model)
     dims = {f"{m}.weight": (0 if type(style).__name__ == "ColwiseParallel" else 1) for m, style in plan.items()}
-    shards = _tp_shards(model, 2, dims, opt)
+    shards = _tp_shards(model, 2, dims, opt, fsdp)
     got = export.full_model(shards)
     want = model.state_dict()
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
@@ -115,6 +124,41 @@ def test_tp_shards_join_along_their_dims_into_the_model_and_its_optimizer(tmp_pa
     merged = state_dcp.optimizer_state(shards)["state"]
     for n, p in model.named_parameters():
         assert all(torch.equal(merged[n][k], v) for k, v in opt.state[p].items()), n
+
+
+def test_a_tp_x_shard_layout_is_s_tp_groups_per_replica_each_coordinate_held_by_every_replica():
+    c = cfg("parallel=tp", "parallel.tp=2", "parallel.shard_size=2", "cluster.nodes=2", "cluster.workers_per_node=4")
+    assert validation_errors(c, PROBES) == []
+    lay = Layout(c)
+    assert lay.shard_of == {r: r % 4 for r in range(8)} and lay.shards == 4 and lay.factor == 0 and lay.survives() == 1
+    assert "FSDP2 over 2 x tensor parallel 2, 2 replicas of each (shard, TP rank)'s shard" in lay.describe()
+    assert data_world(c) == 4 and "x world 4" in global_batch(c, 4) and resume_shards(c) == 4  # a TP group shares a batch; FSDP's shards do not
+    one = cfg("parallel=tp", "parallel.tp=2", "parallel.shard_size=2", "cluster.nodes=2", "cluster.workers_per_node=2")
+    assert validation_errors(one, PROBES) == [] and Layout(one).factor == 1 and data_world(one) == 2  # one replica: copies on the other node
+    from ckptless_hpc.launch.dryrun import placement
+
+    lines = placement(c)
+    assert "mesh: 2 replica(s) x dp_shard 2 x tp 2 (replica r, FSDP shard s, TP rank t = rank r*4+s*2+t)" in lines
+    assert "  replica 1: s0t0=rank 4@local1, s0t1=rank 5@local1, s1t0=rank 6@local1, s1t1=rank 7@local1" in lines
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (("parallel.shard_size=3",), "parallel.shard_size x parallel.tp=6: tp x shard needs a replica (shard_size x tp ranks) that divides the world size 8"),
+        (("parallel.shard_size=0",), "parallel.shard_size=0: must be null or an integer >= 1"),
+        (("cluster.nodes=1", "cluster.workers_per_node=8"), "every replica of some shard lives on one node"),
+    ],
+)
+def test_a_tp_x_shard_layout_that_cannot_work_is_refused_naming_the_field(overrides, needle):
+    c = cfg("parallel=tp", "parallel.tp=2", "parallel.shard_size=2", "cluster.nodes=2", "cluster.workers_per_node=4", *overrides)
+    errors = validation_errors(c, PROBES)
+    assert any(needle in e and "HINT" in e for e in errors), errors
+
+
+def test_fsdp_inside_a_pipeline_stage_is_refused_not_ignored():
+    errors = validation_errors(cfg("parallel=pp", "parallel.pp=2", "parallel.shard_size=2", "cluster.nodes=2", "cluster.workers_per_node=2"), PROBES)
+    assert any("parallel.shard_size=2: parallel=pp has no FSDP inside a stage" in e and "HINT" in e for e in errors), errors
 
 
 def test_the_dry_run_prints_the_mesh_and_where_each_coordinate_lives():
