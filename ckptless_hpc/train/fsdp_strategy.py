@@ -148,6 +148,16 @@ class FSDPStrategy(LocalState):
         assert self.binding is not None
         self.binding.clip(max_norm, norm)
 
+    def evaluate(self, batch: Any) -> Any:
+        """The task's evaluate on the sharded model; the root's parameters resharded after it:
+        FSDP2 leaves them unsharded after a forward (a backward would gather them again), so a
+        state collected after an evaluation (the final one, a copy, a spare's fetch) would name
+        tensors the optimizer does not hold."""
+        try:
+            return super().evaluate(batch)
+        finally:
+            self.e.model.reshard()  # type: ignore[operator]
+
     def discard(self) -> None:
         if self.binding is not None:
             self.binding.reset()

@@ -222,21 +222,29 @@ def test_a_hung_tp_rank_is_replaced_bitwise(job, baseline):
     assert [r["failed_ranks"] for r in s["recoveries"]] == [[3]] and s["final_state_sha256"] == baseline(*cfg, *FAST_HB, env=ENV)
 
 
-def test_tensor_parallel_evaluates_saves_and_resumes_as_data_parallel_does(job):
-    """parallel=tp with train.eval_every and train.save_every: its evaluations equal a ddp run's
-    over as many ranks as there are replicas (the TP ranks of a replica evaluate the same
-    batches), and a new job resumed from its periodic copy ends with its bits."""
+def test_tensor_parallel_and_fsdp_evaluate_save_and_resume_as_data_parallel_does(job):
+    """parallel=tp with train.eval_every and train.save_every, alone (2 replicas of a TP group of
+    2) and as tp x shard (one replica: FSDP2 over 2 TP groups of 2), and parallel=fsdp: the
+    evaluations equal a ddp run's over as many ranks as there are data ranks (the TP ranks of a
+    group evaluate the same batches), and a new job resumed from the periodic copy ends with the
+    run's bits. The last evaluation is at the last step: FSDP2 leaves its root's parameters (the
+    Llama's embeddings, norm and head) unsharded after a forward, which the final state must not
+    see (it failed with a KeyError of the optimizer's parameters before the strategy resharded)."""
     task = ("~task", "+task._target_=models.llama.LlamaParallelTask", "train.steps=12", "train.eval_every=4")
-    tp = job(*task, "parallel=tp", "parallel.tp=2", "cluster.nodes=2", "cluster.workers_per_node=2", "train.save_every=6", env=ENV, timeout_s=300)
     ddp = job(*task, "parallel=ddp", "cluster.nodes=2", env=ENV, timeout_s=300)
-    assert tp.rc == 0 and ddp.rc == 0, (tp.out[-3000:], ddp.out[-3000:])
-    got, want = ({e["step"]: e["metrics"] for e in r.of("eval")} for r in (tp, ddp))
-    assert sorted(got) == [4, 8, 12] and got.keys() == want.keys()
-    for step in got:
-        assert all(abs(got[step][k] - want[step][k]) <= 1e-5 for k in want[step]), (step, got[step], want[step])
-    resumed = job(*task, "parallel=tp", "parallel.tp=2", "cluster.nodes=2", "cluster.workers_per_node=2", f"resume_from={tp.run_dir / 'saved' / 'step6'}", env=ENV, timeout_s=300)
-    assert resumed.rc == 0, resumed.out[-3000:]
-    assert resumed.summary["final_state_sha256"] == tp.summary["final_state_sha256"]
+    assert ddp.rc == 0, ddp.out[-3000:]
+    want = {e["step"]: e["metrics"] for e in ddp.of("eval")}
+    for layout in (("parallel=tp", "parallel.tp=2"), ("parallel=tp", "parallel.tp=2", "parallel.shard_size=2"), ("parallel=fsdp", "cluster.workers_per_node=1")):
+        shape = ("cluster.nodes=2", "cluster.workers_per_node=2", *layout)
+        tp = job(*task, *shape, "train.save_every=6", env=ENV, timeout_s=300)
+        assert tp.rc == 0, tp.out[-3000:]
+        got = {e["step"]: e["metrics"] for e in tp.of("eval")}
+        assert sorted(got) == [4, 8, 12] and got.keys() == want.keys(), layout
+        for step in got:
+            assert all(abs(got[step][k] - want[step][k]) <= 1e-5 for k in want[step]), (layout, step, got[step], want[step])
+        resumed = job(*task, *shape, f"resume_from={tp.run_dir / 'saved' / 'step6'}", env=ENV, timeout_s=300)
+        assert resumed.rc == 0, resumed.out[-3000:]
+        assert resumed.summary["final_state_sha256"] == tp.summary["final_state_sha256"], layout
 
 
 @pytest.mark.parametrize("mode", ["pp", "pp_interleaved"])
