@@ -43,17 +43,19 @@ class Layout:
 
     def describe(self) -> str:
         n = self.survives()
+        reps = self.world // int(self.shard_size or 1)
+        replicas = f"{reps} replica{'s' if reps != 1 else ''}"
         what = {
             "ddp": "every rank holds the whole state",
             "zero": f"optimizer state sharded over {self.world} ranks, {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each shard on other nodes every {self.every} step(s)",
             "fsdp": f"parameters and optimizer state sharded over {self.world} ranks (FSDP2), {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each shard on other nodes every {self.every} step(s)",
-            "hsdp": f"FSDP2 in shard groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each shard",
+            "hsdp": f"FSDP2 in shard groups of {self.shard_size}, {replicas} of each shard",
             "tp": (
-                f"FSDP2 over {self.tp_shard} x tensor parallel {int(self.shard_size or 1) // self.tp_shard}, {self.world // int(self.shard_size or 1)} replicas of each (shard, TP rank)'s shard"
+                f"FSDP2 over {self.tp_shard} x tensor parallel {int(self.shard_size or 1) // self.tp_shard}, {replicas} of each (shard, TP rank)'s shard"
                 if self.tp_shard > 1
-                else f"tensor parallel in groups of {self.shard_size}, {self.world // int(self.shard_size or 1)} replicas of each TP coordinate's shard"
+                else f"tensor parallel in groups of {self.shard_size}, {replicas} of each TP coordinate's shard"
             ),
-            "pp": f"pipelines of {self.pp} stages{f' x tensor parallel {self.tp}' if self.tp > 1 else ''}, {self.world // int(self.shard_size or 1)} replicas of each "
+            "pp": f"pipelines of {self.pp} stages{f' x tensor parallel {self.tp}' if self.tp > 1 else ''}, {replicas} of each "
             + ("(stage, TP rank)'s shard" if self.tp > 1 else "stage's shard"),
         }[self.mode]
         if self.mode in ("tp", "pp") and self.factor:
