@@ -190,8 +190,10 @@ class LocalState(OneOptimizer):
         The gradients go in buckets of ``train.bucket_mb`` (one all-reduce each, as DDP's; a
         gradient larger than that alone, in place): a gloo all-reduce per tensor cost 7 ms of CPU
         a step against 2 ms for one bucket (the 19 gradients of a 0.37 M stage, 2 ranks; the
-        elementwise sums are the same)."""
-        grads = [fsdp._local(p.grad) for p in self.e.model.parameters() if p.grad is not None]
+        elementwise sums are the same). A DTensor gradient's local part is taken under no_grad: its
+        own tensor, without autograd's ``to_local`` (0.5 ms a step for 39 gradients)."""
+        with torch.no_grad():
+            grads = [fsdp._local(p.grad) for p in self.e.model.parameters() if p.grad is not None]
         limit = int(float(self.e.cfg.train.bucket_mb) * (1 << 20))
         for bucket in gradient_buckets(grads, limit):
             flat = bucket[0] if len(bucket) == 1 and bucket[0].is_contiguous() else torch.cat([g.reshape(-1) for g in bucket])
@@ -202,12 +204,15 @@ class LocalState(OneOptimizer):
                     g.copy_(v.view_as(g))
 
     def reduce_and_norm(self, comm: Any, wait: Callable[[List[Any]], None], broadcasts: List[Any]) -> torch.Tensor:
-        """After the last backward (tp, pp): the gradients made the global mean over the replicas
-        (``self.rep_group``), the loss's all-reduce and the buffers' broadcast waited on, then the
-        norm (``self._collective_norm``, a collective: inside the step, which it can fail)."""
+        """After the last backward (tp, pp): the loss's all-reduce launched (it runs on the
+        generation's group while the gradients are summed on the replicate group), the gradients
+        made the global mean over the replicas (``self.rep_group``), the loss's all-reduce and the
+        buffers' broadcast waited on, then the norm (``self._collective_norm``, a collective:
+        inside the step, which it can fail)."""
         e = self.e
+        loss = comm.allreduce(e.reduction())
         self.mean_over_replicas(self.rep_group, (e.world // self.same_batch) * e.micro_batches)  # type: ignore[attr-defined]
-        wait([comm.allreduce(e.reduction())] + broadcasts)
+        wait([loss] + broadcasts)
         self._norm = self._collective_norm()  # type: ignore[attr-defined]
         return self._norm
 
