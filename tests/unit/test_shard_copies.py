@@ -251,3 +251,51 @@ def test_a_holder_lands_every_copy_in_reused_buffers_whichever_comes_first_its_c
             store.durable(step - 1)
         assert sorted(store.held[0])[-1] == step and all(float(c[0][0][1][0]) == s for s, c in store.held[0].items())
     assert len(buffers) <= 3
+
+
+def _mixed(step: int):
+    g = torch.Generator().manual_seed(step)
+    big = torch.randn(700_001, generator=g)  # 2.8 MB: several pieces, the last one short
+    return [
+        ("model.w", big),
+        ("model.t", torch.randn(300, 301, generator=g).t()),  # not contiguous
+        ("buffer/freqs_cis", torch.polar(torch.ones(4, 3), torch.rand(4, 3, generator=g))),
+        ("buffer/mask", torch.tensor([True, False, True])),
+        ("buffer/empty", torch.zeros(0)),
+        ("optim.w.step", torch.tensor(float(step))),
+        ("optim.w.exp_avg", torch.randn(5, generator=g, dtype=torch.float64).to(torch.bfloat16)),
+    ], {"step": step, "param_groups": []}
+
+
+def test_a_summed_snapshot_is_pushed_with_its_own_checksum_and_kept_bitwise():
+    """A copy that is pushed is hashed as it is snapshot (issue 30: the sender does not read it
+    again): the sum is that of its bytes in order, into fresh and into reused buffers."""
+    from ckptless_hpc.state.transfer import Summed, push_state
+
+    store, server = _holder()
+    own = ShardStore()
+    for step in (1, 2, 3):  # 3 lands in step 1's buffers
+        entries, meta = _mixed(step)
+        copy = own.snapshot(step, entries, meta, summed=True)
+        assert isinstance(copy[0], Summed) and copy[0].xxh3_64
+        push_state("127.0.0.1", server.port, SECRET, 0, 4, step, *copy, 10)
+        own.durable(step)
+        got = dict(store.get(4, step)[0])
+        assert all(torch.equal(got[n].reshape(-1).view(torch.uint8), t.contiguous().reshape(-1).view(torch.uint8)) for n, t in entries)
+    server.close()
+
+
+def test_a_summed_snapshot_damaged_after_it_was_taken_is_refused_by_the_holder():
+    """The sum covers the state as snapshot: a byte of the copy flipped before its push (memory,
+    not the wire) fails the holder's check, and nothing is kept."""
+    from ckptless_hpc.state.transfer import TransferError, push_state
+
+    store, server = _holder()
+    entries, meta = _mixed(5)
+    copy = ShardStore().snapshot(5, entries, meta, summed=True)
+    bytes_ = dict(copy[0])["model.w"].view(torch.uint8)
+    bytes_[1_500_000] ^= 1  # in the second piece
+    with pytest.raises(TransferError):
+        push_state("127.0.0.1", server.port, SECRET, 0, 4, 5, *copy, 10)
+    assert store.get(4, 5) is None
+    server.close()
