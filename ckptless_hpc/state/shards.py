@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 import torch
 
 from .snapshot import Entries, state_nbytes
-from .transfer import CopyRefused, Received, TransferError, Unreadable, copy_summed, push_state
+from .transfer import CopyRefused, Received, TransferError, Unreadable, push_state
 
 log = logging.getLogger(__name__)
 
@@ -36,21 +36,17 @@ Copy = Tuple[Entries, Dict[str, Any]]
 LANDINGS = 2  # per shard held: dropped copies' buffer sets kept for the next copies to land in (ShardStore._to_landing)
 
 
-def _copy_into(src: Entries, reuse: Optional[Entries], summed: bool = False) -> Entries:
-    """Detached host copies of ``src``, written into ``reuse``'s buffers where shapes match;
-    ``summed``: hashed as they are written (a copy that is pushed: :class:`Summed`)."""
+def _copy_into(src: Entries, reuse: Optional[Entries]) -> Entries:
+    """Detached host copies of ``src``, written into ``reuse``'s buffers where shapes match."""
+    out: Entries = []
     old = {n: t for n, t in (reuse or [])}
-    pairs = []
     for n, t in src:
         buf = old.get(n)
         if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
             buf = torch.empty(t.shape, dtype=t.dtype)
-        pairs.append((n, buf, t.detach()))
-    if summed:
-        return copy_summed(pairs)
-    for _, buf, t in pairs:
-        buf.copy_(t)
-    return [(n, buf) for n, buf, _ in pairs]
+        buf.copy_(t.detach())
+        out.append((n, buf))
+    return out
 
 
 class ShardStore:
@@ -65,12 +61,10 @@ class ShardStore:
         self._spare: Dict[int, Entries] = {}  # per shard: a dropped snapshot's buffers, reused by the next
         self._landing: Dict[int, List[Entries]] = {}  # per shard: dropped held copies' buffers (LANDINGS at most), the next copies land in them
 
-    def snapshot(self, step: int, entries: Entries, meta: Dict[str, Any], shard: int = 0, summed: bool = False) -> Copy:
-        """A copy of ``entries`` (views of the live state) into reused buffers; ``summed``: with
-        the checksum of its bytes, taken as they are written (a copy its holders are sent)."""
+    def snapshot(self, step: int, entries: Entries, meta: Dict[str, Any], shard: int = 0) -> Copy:
         with self._lock:
             reuse = self._spare.pop(shard, None)
-        copy = (_copy_into(entries, reuse, summed), dict(meta))
+        copy = (_copy_into(entries, reuse), dict(meta))
         with self._lock:
             self.own.setdefault(shard, {})[step] = copy
         return copy

@@ -25,7 +25,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import xxhash
@@ -95,36 +95,6 @@ class _Hasher:
     def hexdigest(self) -> str:
         self._wait()
         return self._digest.hexdigest()
-
-
-class Summed(list):
-    """Entries with the xxh3-64 of their bytes in canonical order, taken as they were written (a
-    shard copy's snapshot, :func:`copy_summed`): a push sends it as its trailer instead of
-    reading the bytes once more to hash them (a pass from memory, not from cache: 30-35 ms of
-    the sender's CPU per 570 MB, issue 30). The sum covers the state as snapshot, so a buffer
-    damaged after it fails the holder's check as one damaged on the wire does."""
-
-    xxh3_64 = ""
-
-
-def copy_summed(pairs: Iterable[Tuple[str, torch.Tensor, torch.Tensor]]) -> Summed:
-    """``dst.copy_(src)`` for each (name, dst, src), one PIECE at a time, each piece hashed
-    right after it is written (from the core's cache); ``dst``: contiguous host tensors."""
-    digest = xxhash.xxh3_64()
-    out = Summed()
-    for name, dst, src in pairs:
-        if src.device.type != "cpu":  # a device tensor: one copy, then one pass
-            dst.copy_(src)
-            digest.update(byte_view(dst))
-        else:
-            d, s, mv, size = dst.view(-1), src.reshape(-1), byte_view(dst), dst.element_size()
-            n = max(1, PIECE // size)
-            for at in range(0, d.numel(), n):
-                d[at : at + n].copy_(s[at : at + n])
-                digest.update(mv[at * size : (at + n) * size])
-        out.append((name, dst))
-    out.xxh3_64 = digest.hexdigest()
-    return out
 
 
 class StaleState(Exception):
@@ -223,7 +193,6 @@ def _send_entries(conn: socket.socket, entries: Entries, meta: Dict[str, Any], d
         raise Unreadable(f"{odd['name']}: dtype {odd['dtype']} cannot be sent as plain bytes")
     _send_big(conn, StateHeader(header, meta).encode())
     digest = _Hasher(overlap)
-    summed = entries.xxh3_64 if isinstance(entries, Summed) else None  # hashed as it was written: not again
     tensors = [t for _, t in entries]
     cut = (tensors[target].numel() * tensors[target].element_size()) // 2 if tensors else 0  # where an injected fault strikes
     for i, off, part in host_slices(tensors, SLICE):  # device tensors staged through pinned memory
@@ -236,11 +205,10 @@ def _send_entries(conn: socket.socket, entries: Entries, meta: Dict[str, Any], d
                 bad = bytearray(part)
                 bad[cut - off] ^= 0xFF
                 out = memoryview(bad)
-        for at in range(0, len(part), digest.piece):
-            if summed is None:  # hashed first: the send reads it from cache, or while it sends (overlap)
-                digest.update(part[at : at + digest.piece])
+        for at in range(0, len(part), digest.piece):  # hashed first: the send reads it from cache, or while it sends (overlap)
+            digest.update(part[at : at + digest.piece])
             conn.sendall(out[at : at + digest.piece])
-    wire.send_msg(conn, End(summed or digest.hexdigest()).encode())
+    wire.send_msg(conn, End(digest.hexdigest()).encode())
 
 
 def _recv_entries(

@@ -130,7 +130,7 @@ class ShardCopies:
         self._send(step, copies)
 
     def _snapshot(self, step: int, engine: EngineState, shard: int) -> Copy:
-        copy = self.store.snapshot(step, *engine.collect(step, shard=shard), shard=shard, summed=self.copies)  # summed: pushed to holders
+        copy = self.store.snapshot(step, *engine.collect(step, shard=shard), shard=shard)
         self.snapshots += 1
         self.snapshot_bytes += state_nbytes(copy[0])
         return copy
