@@ -398,7 +398,9 @@ def own_entries(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = N
     ``optim/<fqn>/<key>`` each optimizer state tensor's local shard (and scalar tensors such as
     Adam's ``step``). No collective."""
     with torch.no_grad():
-        out: Entries = [(f"param/{n}", _local(p.detach())) for n, p in model.named_parameters()]
+        # _local(t).detach(), not _local(t.detach()): a DTensor's detach is a dispatched DTensor op
+        # (1.5 ms a step for a 0.74 M TP rank's 117 tensors); the same storage either way
+        out: Entries = [(f"param/{n}", _local(p).detach()) for n, p in model.named_parameters()]
         out += [(f"buffer/{n}", b) for n, b in model.named_buffers()]
         if optimizer is not None:
             fqns = _fqns(model)
@@ -412,7 +414,7 @@ def own_entries(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = N
                                 f"optimizer state {fqns.get(id(p), '?')}/{key} is a {type(v).__name__}, not a tensor. HINT: "
                                 "optimizers keeping Python numbers in their state are not supported by the sharded modes"
                             )
-                        out.append((f"optim/{fqns[id(p)]}/{key}", _local(v.detach())))
+                        out.append((f"optim/{fqns[id(p)]}/{key}", _local(v).detach()))
     return out
 
 

@@ -87,15 +87,27 @@ def parallelize(task: Any, model: torch.nn.Module, mesh: Any) -> Dict[str, int]:
     return {n: d for n, p in model.named_parameters() if (d := _shard_dim(p)) is not None}
 
 
+def local_squares(model: torch.nn.Module, shard_dims: Dict[str, int]) -> torch.Tensor:
+    """[TP-sharded, TP-replicated]: this rank's local gradients' squared L2 norms in float64, each
+    added in the parameters' order (Python floats are IEEE binary64, as a float64 tensor's adds:
+    the same bits as ``sq[i] += vector_norm(g, dtype=float64).pow(2)`` per gradient), with one
+    ``_foreach_norm`` and one copy to the host instead of six dispatches and a copy per gradient.
+    A DTensor gradient's local part is taken under no_grad: its own tensor, without autograd."""
+    with torch.no_grad():
+        named = [(n in shard_dims, fsdp._local(p.grad)) for n, p in model.named_parameters() if p.grad is not None]
+        squares = torch.stack(torch._foreach_pow(torch._foreach_norm([g for _, g in named], 2, dtype=torch.float64), 2)).tolist() if named else []
+    sums = [0.0, 0.0]
+    for (sharded, _), v in zip(named, squares):
+        sums[0 if sharded else 1] += v
+    return torch.tensor(sums, dtype=torch.float64)
+
+
 def sharded_squares(model: torch.nn.Module, tp_group: Any, shard_dims: Dict[str, int], shard_group: Any = None) -> torch.Tensor:
     """The squared L2 norm of a TP group's gradients: the TP-sharded gradients' (``shard_dims``)
     local squares summed over ``tp_group`` (a collective), the replicated ones' added once (every
     rank holds them whole). tp x shard: both first summed over ``shard_group``, whose ranks each
     hold FSDP2's dim-0 shard of them."""
-    sq = torch.zeros(2, dtype=torch.float64)  # [TP-sharded, TP-replicated]
-    for n, p in model.named_parameters():
-        if p.grad is not None:
-            sq[0 if n in shard_dims else 1] += torch.linalg.vector_norm(fsdp._local(p.grad), 2, dtype=torch.float64).pow(2).cpu()
+    sq = local_squares(model, shard_dims)
     if shard_group is not None:
         dist.all_reduce(sq, group=shard_group)
     sharded = sq[0].clone()

@@ -191,3 +191,21 @@ def test_the_replicate_reduction_buckets_consecutive_gradients_of_one_dtype_up_t
     sizes = lambda limit: [[t.numel() for t in b] for b in gradient_buckets(g, limit)]  # noqa: E731
     assert sizes(80) == [[10, 10], [100], [3, 3], [2]]  # 400 bytes > 80: alone
     assert sizes(1 << 20) == [[10, 10, 100], [3, 3], [2]]  # a dtype change starts a bucket
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_norms_local_squares_are_the_per_gradient_float64_sums_bit_for_bit(dtype):
+    """train/tp.py local_squares (one _foreach_norm, the squares added as Python floats) against
+    the per-gradient float64 tensor sums it replaced: the same bits, so the clip is the same."""
+    from ckptless_hpc.train.tp import local_squares
+
+    task = LlamaTPTask()
+    torch.manual_seed(0)
+    model = task.build_model().to(dtype)
+    task.loss(model, task.batch(0, 0, 1, torch.Generator().manual_seed(0))).backward()
+    dims = {f"{m}.weight": 0 for m in task.tp_plan(model)}
+    want = torch.zeros(2, dtype=torch.float64)
+    for n, p in model.named_parameters():
+        want[0 if n in dims else 1] += torch.linalg.vector_norm(p.grad, 2, dtype=torch.float64).pow(2)
+    got = local_squares(model, dims)
+    assert got.view(torch.int64).tolist() == want.view(torch.int64).tolist(), (got.tolist(), want.tolist())
