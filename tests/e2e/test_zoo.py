@@ -132,12 +132,15 @@ def test_every_mode_carries_the_zoo_model(mode, model, job, baseline):
     assert exported.keys() == got.keys() and all(torch.equal(exported[k], got[k]) for k in got)
 
 
-@pytest.mark.parametrize("mode, model", [("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("pp_tp", "llama_parallel")])
-def test_a_pipeline_reports_the_global_batchs_mean_loss_and_norm(mode, model, baseline):
+@pytest.mark.parametrize(
+    "mode, model", [("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("pp_tp", "llama_parallel"), ("tp", "llama_tp"), ("tp_shard_1", "llama_tp")]
+)
+def test_a_pipeline_or_tp_group_reports_the_global_batchs_mean_loss_and_norm(mode, model, baseline):
     """Only a pipeline's last stage computes losses and each stage holds a part of the gradient;
-    the reported loss and gradient norm of every step are still the global batch's: equal to those
-    of a ddp run of the same task over as many ranks as there are pipelines (the pair's own
-    fault-free run against a ddp run)."""
+    the ranks of a TP group each compute the same loss and hold a part of the gradient (tp x
+    shard: FSDP2's shard of it); the reported loss and gradient norm of every step are still the
+    global batch's: equal to those of a ddp run of the same task over as many ranks as there are
+    data ranks (the pair's own fault-free run against a ddp run)."""
     pp = baseline.result(*_cfg(mode, model), *FAST_HB, env=ENV)
     same = tuple(o for o in MODES[mode] if o.startswith(("train.", "+task.")))
     ddp = baseline.result("~task", f"+task._target_={MODELS[model]}", *SHAPE, "parallel=ddp", "cluster.workers_per_node=1", *same, env=ENV)
