@@ -243,7 +243,7 @@ def _recv_entries(
             part = mv[off : off + digest.piece]
             got = 0
             while got < len(part):
-                k = sock.recv_into(part[got:], 0, socket.MSG_WAITALL)  # a whole piece per call on a blocking socket (:func:`_blocking`)
+                k = sock.recv_into(part[got:])
                 if k == 0:
                     raise TransferError(f"transfer truncated in {e['name']} after {nbytes + off + got} bytes")
                 got += k
@@ -332,7 +332,7 @@ class StateServer:
 
     def _take_replica(self, conn: socket.socket, req: Dict[str, Any]) -> None:
         """A peer pushes a copy of its shard (parallel=zero|fsdp): received, verified, kept, acked."""
-        _blocking(conn, HANDSHAKE_TIMEOUT_S * 6)
+        conn.settimeout(HANDSHAKE_TIMEOUT_S * 6)
         head = _recv_big(conn)
         try:
             reuse = self._landing(int(req["shard"])) if self._landing is not None else None
@@ -373,18 +373,6 @@ class Arena:
                 return torch.empty(shape, dtype=dtype)  # the estimate was short: fresh memory for the rest
             self.offset = start + n
         return self.buf[start : start + n].view(dtype).view(shape)
-
-
-def _blocking(sock: socket.socket, timeout_s: float) -> None:
-    """A shard copy's socket made blocking, bounded by the kernel's timeouts (``timeout_s`` without
-    progress: an OSError) instead of Python's: each 1 MB piece then moves in one system call that
-    sleeps in the kernel, where a socket with a Python timeout polls and sends or receives what
-    the buffer holds, giving the GIL back and taking it again each time (issue 30: 16 ms less of
-    the sender's CPU per 570 MB copy beside a training thread, 6 alternated pairs)."""
-    sock.settimeout(None)
-    tv = struct.pack("ll", int(timeout_s), int((timeout_s % 1) * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
 def _connect(host: str, port: int, secret: str, timeout_s: float, what: str) -> socket.socket:
@@ -432,7 +420,6 @@ def push_state(host: str, port: int, secret: str, gen: int, shard: int, step: in
     sock = _connect(host, port, secret, timeout_s, "holder")
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _blocking(sock, timeout_s)
         wire.send_msg(sock, Replica(gen, shard, step).encode())
         _send_entries(sock, entries, meta, overlap=False)
         ack = wire.recv_msg(sock)
@@ -441,8 +428,6 @@ def push_state(host: str, port: int, secret: str, gen: int, shard: int, step: in
         if messages.kind(ack, STATE_PORT) is not Ack or ack.get("step") != step:
             raise TransferError(f"holder {host}:{port} did not acknowledge step {step}: {ack}")
         return time.monotonic() - t0
-    except BlockingIOError:  # the kernel's timeout (_blocking)
-        raise TransferError(f"copy to holder {host}:{port} failed: no progress for {timeout_s} s") from None
     except (OSError, ConnectionError, wire.ProtocolError, KeyError) as e:
         raise TransferError(f"copy to holder {host}:{port} failed: {e}") from None
     finally:
