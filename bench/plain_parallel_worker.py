@@ -63,14 +63,11 @@ BUCKET_BYTES = 16 << 20  # DDP's default bucket (and the jobs' train.bucket_mb):
 
 def reduce_grads(params: List[torch.nn.Parameter], group: Any, divisor: int) -> None:
     """The local gradients summed over the data-parallel group in flat buckets of at most
-    BUCKET_BYTES (as DDP does), then divided into the mean over the global batch."""
-    grads = [_local(p.grad) for p in params if p.grad is not None]
-    while grads:
-        bucket, size = [grads.pop(0)], 0
-        size = bucket[0].numel() * bucket[0].element_size()
-        while grads and grads[0].dtype == bucket[0].dtype and size + grads[0].numel() * grads[0].element_size() <= BUCKET_BYTES:
-            size += grads[0].numel() * grads[0].element_size()
-            bucket.append(grads.pop(0))
+    BUCKET_BYTES (as DDP does; the buckets are cut as the jobs cut theirs, grouped.gradient_buckets),
+    then divided into the mean over the global batch."""
+    from ckptless_hpc.train.grouped import gradient_buckets
+
+    for bucket in gradient_buckets([_local(p.grad) for p in params if p.grad is not None], BUCKET_BYTES):
         flat = torch.cat([g.reshape(-1) for g in bucket])
         dist.all_reduce(flat, group=group)
         flat.div_(divisor)

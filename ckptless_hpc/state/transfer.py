@@ -68,7 +68,8 @@ class _Hasher:
     """xxh3-64 over a stream of pieces of ``piece`` bytes. A fetch (``overlap``: a replacement
     waits for it) hashes each 8 MB slice in a helper thread while the next one moves (xxhash
     releases the GIL); a shard copy, made every step beside the training, hashes each 1 MB
-    piece in its own thread right after it moved, from the core's cache: no second pass over
+    piece in the thread that moves it (the sender before it sends it, the holder after it
+    arrives), from the core's cache: no second pass over
     memory, and no thread started per slice, each of whose starts took the GIL from the
     training thread (2 to 3 times the training thread's context switches, 20-30 % more CPU
     per copy measured with a GIL-holding thread beside it: issue 30)."""

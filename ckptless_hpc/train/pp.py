@@ -79,6 +79,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from ..config import same_batch
 from . import fsdp
 from ..tasks.base import mix_seed, seed_global
 from .data import forward_seed
@@ -207,7 +208,7 @@ class PPStrategy(LocalState):
         self.schedule_name = str(p.get("pp_schedule", "gpipe"))
         self.virtual = int(p.get("pp_virtual", 1) or 1)  # stages per rank (interleaved_1f1b)
         self.tp = int(p.get("tp") or 1)  # pp x tp: each stage tensor-parallel over tp ranks
-        self.same_batch = self.pp * self.tp  # the ranks of a replica (its pipelines of TP groups) compute the same batch
+        self.same_batch = same_batch(p)  # the ranks of a replica (its pipelines of TP groups) compute the same batch
         self.mesh: Any = None  # pp x tp: the 1-D mesh over the stage's TP group, re-pointed at each generation's
         self.tp_group: Any = None
         self.shard_dims: Dict[str, int] = {}  # pp x tp: the dimension each sharded parameter of this rank's stages is split along

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from ..config import same_batch
 from . import fsdp
 from . import torch_private as P
 from .fsdp_strategy import FSDPStrategy
@@ -121,7 +122,7 @@ class TPStrategy(LocalState):
     def __init__(self, engine: Any) -> None:
         super().__init__(engine)
         self.tp = int(engine.cfg.parallel.tp)
-        self.same_batch = self.tp  # the ranks of a TP group compute the same batch
+        self.same_batch = same_batch(engine.cfg.parallel)  # the ranks of a TP group compute the same batch
         self.mesh: Any = None
         self.tp_group: Any = None
         self.rep_group: Any = None
@@ -212,7 +213,7 @@ class TPShardStrategy(FSDPStrategy):
         super().__init__(engine)
         p = engine.cfg.parallel
         self.tp, self.n_shards = int(p.tp), int(p.shard_size)
-        self.same_batch = self.tp  # the ranks of a TP group compute the same batch
+        self.same_batch = same_batch(engine.cfg.parallel)  # the ranks of a TP group compute the same batch
         self.mesh: Any = None
         self.tp_mesh: Any = None
         self.tp_group: Any = None
