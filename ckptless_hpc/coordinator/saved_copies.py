@@ -68,7 +68,18 @@ class SavedCopies:
         kept = set(complete[-self.keep :])
         for s in _steps(root):
             if s < newest and s not in kept:
-                shutil.rmtree(os.path.join(root, step_folder(s)), ignore_errors=True)
+                drop(os.path.join(root, step_folder(s)))
+
+
+def drop(folder: str) -> None:
+    """Delete a copy: its index first (a copy without one is not a copy: resume_from, export
+    and the DCP writer of worker/dcp_copies.py, which removes what it wrote into a copy dropped
+    meanwhile, read it so), then the folder."""
+    try:
+        os.remove(os.path.join(folder, INDEX))
+    except OSError:
+        pass
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _steps(root: str) -> List[int]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections import deque
@@ -84,9 +85,14 @@ class DcpWriter:
             log.warning("a DCP checkpoint was still being written after %.0fs: left unfinished", timeout_s)
         return done
 
-    def after_index(self, folder: str, step: int, timeout_s: float, build_model: Optional[Callable[[], torch.nn.Module]] = None, what: str = "copy") -> None:
+    def after_index(
+        self, folder: str, step: int, timeout_s: float, build_model: Optional[Callable[[], torch.nn.Module]] = None, what: str = "copy", prunable: bool = False
+    ) -> None:
         """Once ``folder/index.json`` names the copy of ``step`` complete (within ``timeout_s``),
-        its DCP checkpoint: ``folder/dcp``."""
+        its DCP checkpoint: ``folder/dcp``. ``prunable``: a periodic copy, whose folder the
+        coordinator deletes (index first, coordinator/saved_copies.py ``drop``) once newer copies
+        are kept; one deleted while its checkpoint is written is deleted again after it (the write
+        would bring the folder back)."""
 
         def job() -> None:
             index = self._wait_index(folder, step, timeout_s)
@@ -97,9 +103,16 @@ class DcpWriter:
             try:
                 rec = export.copy_to_dcp([os.path.join(folder, r["file"]) for r in recs], None, [r.get("state_sha256") for r in recs], build_model)
             except export.ExportError as e:
+                rec = None
                 log.warning("the %s of step %d has no DCP checkpoint: %s", what, step, e)
-                return
-            log.info("the %s of step %d as a DCP checkpoint: %s (%.1f MB, %.2fs)", what, step, rec["path"], rec["bytes"] / 1e6, time.monotonic() - t0)
+            finally:  # a periodic copy pruned while written (train.keep_saved, index first): what the write made goes too
+                dropped = prunable and not os.path.exists(os.path.join(folder, INDEX))
+                if dropped:
+                    shutil.rmtree(folder, ignore_errors=True)
+            if dropped:
+                log.info("the %s of step %d was pruned while its DCP checkpoint was written: removed", what, step)
+            elif rec is not None:
+                log.info("the %s of step %d as a DCP checkpoint: %s (%.1f MB, %.2fs)", what, step, rec["path"], rec["bytes"] / 1e6, time.monotonic() - t0)
 
         self.submit(job)
 

@@ -69,7 +69,7 @@ class PeriodicCopies:
         self._writing = threading.Thread(target=self._write, args=(pieces, step), name=f"copy-step{step}", daemon=True)
         self._writing.start()
         if 0 in shards:  # the writer of shard 0 writes the copy's DCP checkpoint once it is complete
-            WRITER.after_index(folder, step, self.index_wait_s, self._present_with(pieces[0][2]), what="periodic copy")
+            WRITER.after_index(folder, step, self.index_wait_s, self._present_with(pieces[0][2]), what="periodic copy", prunable=True)
 
     def _present_with(self, meta: Dict[str, Any]) -> Optional[Callable[[], Any]]:
         if not needs_model(meta) or self.build_model is None:

@@ -137,3 +137,30 @@ def test_a_workers_copy_gets_its_dcp_checkpoint_once_indexed_and_none_if_never(t
     _same(model, opt, *_restore(task, folder / "dcp"))
     assert json.loads((folder / "dcp" / "copy.json").read_text())["files"]["0"] == {"file": "../state.pt", "state_sha256": rec["sha256"]}
     assert not (incomplete / "dcp").exists()
+
+
+def test_a_periodic_copy_pruned_while_its_dcp_checkpoint_is_written_leaves_nothing(tmp_path):
+    """CI saw ``saved/step4`` outlive the prune that kept steps 8 and 12: the coordinator deleted
+    the copy while the writer of shard 0 was writing its DCP checkpoint, and torch's writer made
+    the folder again. Here the prune comes in the middle of that write (from the presenter, which
+    copy_to_dcp calls after reading the copy's files and before writing): the folder is gone after."""
+    import json
+
+    from ckptless_hpc.coordinator.saved_copies import drop
+    from ckptless_hpc.worker.dcp_copies import DcpWriter
+
+    task = LlamaTask()
+    model, opt = _trained(task)
+    folder = tmp_path / "saved" / "step4"
+    rec = emergency.write(str(folder / "state.pt"), *collect_state(model, opt, task, 4, _meta(model)))
+    (folder / "index.json").write_text(json.dumps({"format": 1, "step": 4, "files": {"0": {"file": "state.pt", "state_sha256": rec["sha256"]}}}))
+    presenter = task.build_model()
+
+    def pruned_meanwhile():
+        drop(str(folder))
+        return presenter
+
+    writer = DcpWriter()
+    writer.after_index(str(folder), 4, 30.0, pruned_meanwhile, what="periodic copy", prunable=True)
+    assert writer.finish(30.0)
+    assert not folder.exists(), sorted(str(p.relative_to(tmp_path)) for p in folder.rglob("*"))
