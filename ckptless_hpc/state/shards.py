@@ -175,6 +175,7 @@ class Replicator:
         self._job: Optional[Tuple[int, int, List[Push]]] = None  # (gen, step, pushes)
         self.confirmed: Dict[int, float] = {}  # step -> seconds it took (every holder acked)
         self.sent_bytes = 0
+        self.cpu_s = 0.0  # its thread's CPU for the pushes (bench B8: the copy's own CPU)
         self.refused: Optional[str] = None  # a copy a holder cannot take: never retried, it ends the job
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="replicator", daemon=True)
@@ -237,6 +238,7 @@ class Replicator:
             left = [(shard, copy, holder) for shard, copy, holders in pushes for holder in holders]
             while left:
                 shard, (entries, meta), (host, port, worker) = left[0]
+                cpu0 = time.thread_time()
                 try:
                     push_state(host, port, self.secret, gen, shard, step, entries, meta, self.timeout_s)
                     left.pop(0)
@@ -253,6 +255,8 @@ class Replicator:
                         if self._job is not job or self._stopped:
                             break
                         self._cond.wait(self.RETRY_S)
+                finally:
+                    self.cpu_s += time.thread_time() - cpu0
                 with self._cond:
                     if self._job is not job:
                         break

@@ -161,6 +161,7 @@ class Received:
     meta: Dict[str, Any]
     nbytes: int
     seconds: float
+    cpu_s: float = 0.0  # a pushed copy: the receiving thread's CPU for it (bench B8)
 
 
 @dataclass(frozen=True)
@@ -334,6 +335,7 @@ class StateServer:
     def _take_replica(self, conn: socket.socket, req: Dict[str, Any]) -> None:
         """A peer pushes a copy of its shard (parallel=zero|fsdp): received, verified, kept, acked."""
         conn.settimeout(HANDSHAKE_TIMEOUT_S * 6)
+        cpu0 = time.thread_time()
         head = _recv_big(conn)
         try:
             reuse = self._landing(int(req["shard"])) if self._landing is not None else None
@@ -341,6 +343,7 @@ class StateServer:
         except Unreadable as e:
             wire.send_msg(conn, Refused(str(e)).encode())
             raise
+        got.cpu_s = time.thread_time() - cpu0
         assert self._receiver is not None
         self._receiver(int(req["gen"]), int(req["shard"]), int(req["step"]), got)
         wire.send_msg(conn, Ack(int(req["step"])).encode())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 from ..config import Shape
@@ -48,6 +49,9 @@ class ShardCopies:
         self.waited_s = 0.0
         self.waits = 0
         self.snapshots = 0
+        self.received_cpu_s = 0.0  # the CPU of receiving and keeping the copies it holds for peers
+        self.received = 0
+        self._count_lock = threading.Lock()
         self.snapshot_bytes = 0
 
     def _error(self, what: str) -> None:
@@ -152,6 +156,10 @@ class ShardCopies:
             "snapshots": self.snapshots,
             "snapshot_bytes": self.snapshot_bytes,
             "sent_bytes": self.replicator.sent_bytes,
+            # the copy's own threads (time.thread_time): the sender's pushes, the holder's receives
+            "send_cpu_s": round(self.replicator.cpu_s, 6),
+            "receive_cpu_s": round(self.received_cpu_s, 6),
+            "received": self.received,
         }
 
     def _send(self, step: int, copies: Dict[int, Copy]) -> None:
@@ -178,7 +186,11 @@ class ShardCopies:
 
     # ------------------------------------------------------------------ serving
     def keep(self, gen: int, shard: int, step: int, got: Received) -> None:
+        cpu0 = time.thread_time()
         self.store.keep(shard, step, got)
+        with self._count_lock:  # pushes from several senders land at once (replication.factor > 1)
+            self.received_cpu_s += got.cpu_s + time.thread_time() - cpu0
+            self.received += 1
 
     def landing(self, shard: int) -> Dict[str, torch.Tensor]:
         return self.store.landing(shard)

@@ -58,6 +58,7 @@ def test_quick_harness_writes_finite_results(tmp_path):
     assert len(row["pair_ratios"]) == 1 and row["verdict"] in VERDICTS
     floor = row["floor"]  # the step's wait for acks and the floor of the same bytes, from the workers' copy_costs
     assert floor["snapshot_bytes_per_step"] > 0 and floor["floor_s_per_step"] > 0 and floor["blocked_s_per_step"] > 0, floor
+    assert floor["own_cpu_s_per_step"] > 0 and floor["own_cpu_over_floor"] > 0, floor  # the copy's own threads (issue 30)
     assert res["b8"]["recover"][0]["oracle"] is True
     _b9_behaves(res["b9"])
     _b5_behaves(res["b5"])
