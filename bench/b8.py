@@ -14,7 +14,9 @@
   the same bytes (target <= 1.3x); and the CPU of the copy's own threads (``own_cpu``: the
   sender's pushes and the holder's receives, time.thread_time in those threads, per rank and
   step; target <= 1.5x, issue 30), which is free of the +-0.35x spread that subtracting two
-  jobs' totals carries at 2 runs each but does not see what the copy costs other threads.
+  jobs' totals carries at 2 runs each but does not see what the copy costs other threads. The
+  floor counts the loopback's wall time, one end's worth of CPU; ``cpu_floor`` counts the CPU of
+  both its ends (``own_cpu_over_cpu_floor``), as the copy's own threads are counted at both.
 
 The overhead's verdict is given only when every back-to-back pair is on the same side of the
 target (``common.verdict``); the recovered run's final state is compared with the fault-free
@@ -57,6 +59,7 @@ def floor(none: List[Any], copies: List[Any], ranks: int, step_s: float, reps: i
     sent_b = int(median([c["sent_bytes"] / c["snapshots"] for c in costs]))
     fl = transfer.floor(max(snap_b, sent_b), reps)
     floor_s = fl["memcpy_s"] * snap_b / fl["bytes"] + fl["loopback_s"] * sent_b / fl["bytes"]
+    cpu_floor_s = fl["memcpy_s"] * snap_b / fl["bytes"] + fl["loopback_cpu_s"] * sent_b / fl["bytes"]
     cpu: Optional[float] = median([_rank_cpu(c, ranks) for c in copies]) - median([_rank_cpu(n, ranks) for n in none])
     if not math.isfinite(cpu):  # a run too short to sample its CPU: no figure, not a NaN
         cpu = None
@@ -70,6 +73,7 @@ def floor(none: List[Any], copies: List[Any], ranks: int, step_s: float, reps: i
         "loopback_s": fl["loopback_s"] * sent_b / fl["bytes"], "floor_s_per_step": floor_s,
         "copy_cpu_s_per_step": cpu, "cpu_over_floor": cpu / floor_s if cpu is not None and floor_s > 0 else None,
         "own_cpu_s_per_step": own, "own_cpu_over_floor": own / floor_s if own is not None and floor_s > 0 else None,
+        "cpu_floor_s_per_step": cpu_floor_s, "own_cpu_over_cpu_floor": own / cpu_floor_s if own is not None and cpu_floor_s > 0 else None,
         "targets": {"blocked_pct_of_step": BLOCKED_TARGET_PCT, "cpu_over_floor": CPU_TARGET_X, "own_cpu_over_floor": OWN_TARGET_X},
     }
     out["blocked_reached"] = out["blocked_pct_of_step"] <= BLOCKED_TARGET_PCT
@@ -155,7 +159,8 @@ def table(res: Dict[str, Any]) -> str:
             cpu, own = f["cpu_over_floor"], f.get("own_cpu_over_floor")
             lines.append(f"      blocked on acks {1e3 * f['blocked_s_per_step']:.1f} ms/step ({f['blocked_pct_of_step']:.1f}% of the step); copy CPU "
                          f"{ms_or_na(f['copy_cpu_s_per_step'], 1)} ms/step vs memcpy + loopback {1e3 * f['floor_s_per_step']:.1f} ms (x{'n/a' if cpu is None else f'{cpu:.2f}'}); "
-                         f"its own threads {ms_or_na(f.get('own_cpu_s_per_step'), 1)} ms/step (x{'n/a' if own is None else f'{own:.2f}'})")
+                         f"its own threads {ms_or_na(f.get('own_cpu_s_per_step'), 1)} ms/step (x{'n/a' if own is None else f'{own:.2f}'}; "
+                         f"x{f.get('own_cpu_over_cpu_floor') or float('nan'):.2f} of the {ms_or_na(f.get('cpu_floor_s_per_step'), 1)} ms the memcpy and both ends of the loopback take)")
     lines.append("mode  params  shard MB  transfer s  downtime s  oracle")
     for r in res["recover"]:
         lines.append(f"{r['mode']:<5} {r['params'] / 1e6:6.1f}M {r['shard_mb']:9.1f} {r['transfer_s']:10.3f} {r['downtime_s']:11.3f}  {r.get('oracle')}")

@@ -79,8 +79,8 @@ def _raw_fetch(port: int, buf: memoryview) -> float:
 
 
 @contextlib.contextmanager
-def _source(nbytes: int, secret: str) -> Iterator[Tuple[int, int]]:
-    """The source process (``serve``) of ``nbytes``: yields its (state port, raw TCP port)."""
+def _source(nbytes: int, secret: str) -> Iterator[Tuple[int, int, int]]:
+    """The source process (``serve``) of ``nbytes``: yields its (state port, raw TCP port, pid)."""
     from ckptless_hpc.control import wire
 
     from .common import REPO
@@ -91,7 +91,7 @@ def _source(nbytes: int, secret: str) -> Iterator[Tuple[int, int]]:
         line = src.stdout.readline().decode().split()
         if len(line) != 2:
             raise RuntimeError("the transfer source process did not start")
-        yield int(line[0]), int(line[1])
+        yield int(line[0]), int(line[1]), src.pid
     finally:
         src.stdin.close()
         src.wait(timeout=30)
@@ -117,10 +117,28 @@ def floor(nbytes: int, reps: int) -> Dict[str, Any]:
             dst_t.copy_(src_t)
         copy_s.append((time.monotonic() - t0) / loops)
     buf = memoryview(bytearray(nbytes))
-    with _source(nbytes, wire.new_secret()) as (_, raw_port):
+    wire_s, wire_cpu = [], []
+    with _source(nbytes, wire.new_secret()) as (_, raw_port, pid):
         _raw_fetch(raw_port, buf)
-        wire_s = [_raw_fetch(raw_port, buf) for _ in range(reps)]
-    return {"bytes": nbytes, "memcpy_s": min(copy_s), "loopback_s": min(wire_s), "reps": reps}
+        for _ in range(reps):
+            c0, s0 = time.thread_time(), _process_cpu(pid)
+            wire_s.append(_raw_fetch(raw_port, buf))
+            wire_cpu.append(time.thread_time() - c0 + _process_cpu(pid) - s0)
+    # loopback_cpu_s: the CPU of both ends of that transfer (the receiving thread's, the sending
+    # process's), against which a copy's own threads at both ends compare CPU with CPU
+    return {"bytes": nbytes, "memcpy_s": min(copy_s), "loopback_s": min(wire_s), "loopback_cpu_s": min(wire_cpu), "reps": reps}
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid``'s threads so far (the scheduler's nanoseconds, /proc)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            pass
+    return total / 1e9
 
 
 def measure(nbytes: int, reps: int) -> Dict[str, Any]:
@@ -139,7 +157,7 @@ def measure(nbytes: int, reps: int) -> Dict[str, Any]:
         return tr.fetch_state("127.0.0.1", state_port, secret, 0, 1, 120, **kw)
 
     secret = wire.new_secret()
-    with _source(nbytes, secret) as (state_port, raw_port):
+    with _source(nbytes, secret) as (state_port, raw_port, _):
         nbytes = (nbytes // 4) * 4
         buf = memoryview(bytearray(nbytes))  # preallocated and touched once: the wire alone
         _raw_fetch(raw_port, buf)  # warm-up of both paths
