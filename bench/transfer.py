@@ -117,28 +117,19 @@ def floor(nbytes: int, reps: int) -> Dict[str, Any]:
             dst_t.copy_(src_t)
         copy_s.append((time.monotonic() - t0) / loops)
     buf = memoryview(bytearray(nbytes))
+    from .b7 import cpu_fine_s  # a process's threads' CPU from the scheduler's count
+
     wire_s, wire_cpu = [], []
     with _source(nbytes, wire.new_secret()) as (_, raw_port, pid):
         _raw_fetch(raw_port, buf)
         for _ in range(reps):
-            c0, s0 = time.thread_time(), _process_cpu(pid)
+            c0, s0 = time.thread_time(), cpu_fine_s(pid)
             wire_s.append(_raw_fetch(raw_port, buf))
-            wire_cpu.append(time.thread_time() - c0 + _process_cpu(pid) - s0)
+            wire_cpu.append(time.thread_time() - c0 + cpu_fine_s(pid) - s0)
     # loopback_cpu_s: the CPU of both ends of that transfer (the receiving thread's, the sending
     # process's), against which a copy's own threads at both ends compare CPU with CPU
     return {"bytes": nbytes, "memcpy_s": min(copy_s), "loopback_s": min(wire_s), "loopback_cpu_s": min(wire_cpu), "reps": reps}
 
-
-def _process_cpu(pid: int) -> float:
-    """CPU seconds of process ``pid``'s threads so far (the scheduler's nanoseconds, /proc)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat", encoding="ascii") as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
-            pass
-    return total / 1e9
 
 
 def measure(nbytes: int, reps: int) -> Dict[str, Any]:

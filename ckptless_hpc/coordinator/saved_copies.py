@@ -5,6 +5,7 @@ complete copies are kept. The record of the newest is what a requeued job may st
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -75,10 +76,8 @@ def drop(folder: str) -> None:
     """Delete a copy: its index first (a copy without one is not a copy: resume_from, export
     and the DCP writer of worker/dcp_copies.py, which removes what it wrote into a copy dropped
     meanwhile, read it so), then the folder."""
-    try:
+    with contextlib.suppress(OSError):
         os.remove(os.path.join(folder, INDEX))
-    except OSError:
-        pass
     shutil.rmtree(folder, ignore_errors=True)
 
 
