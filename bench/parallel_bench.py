@@ -72,6 +72,9 @@ PLANS = {
 # process start competes with the first step after the recovery, which a cluster runs elsewhere);
 # given to every ckptless run, so that a faulted run and its fault-free run differ by the fault alone
 NO_REFILL = ["cluster.refill_spares=false"]
+# both sides clip the gradients to a global norm of 1.0, torchtitan's default (and Megatron's): what
+# a user of these layouts trains with; the plain worker computes the norm as torchtitan does
+CLIP = 1.0
 LAYOUT = ["cluster.nodes=2", "cluster.workers_per_node=2"]
 RECOVERY_MODES = ("tp", "pp", "ddp", "ddp_whole")
 
@@ -100,7 +103,7 @@ def overrides(plan: Plan, mode: str, fault: bool = False) -> List[str]:
         "ddp_whole": ["parallel=ddp", "cluster.params_first=false"],
     }[mode]
     kill = ["fault=kill_worker", "fault.rank=3", f"fault.step={plan.fault_step}"] if fault else []
-    return task + par + LAYOUT + NO_REFILL + [f"train.steps={plan.steps}"] + kill
+    return task + par + LAYOUT + NO_REFILL + [f"train.steps={plan.steps}", f"train.clip_grad_norm={CLIP}"] + kill
 
 
 # ------------------------------------------------------------------------------ plain torch
@@ -138,7 +141,7 @@ def run_plain(run_dir: Path, plan: Plan, mode: str, world: int = 4, seed: int = 
             argv = [
                 sys.executable, "-m", "bench.plain_parallel_worker", "--mode", mode, "--rank", str(r), "--world", str(world),
                 "--store", f"127.0.0.1:{store.port}", "--prefix", "plain", "--task", json.dumps(plan.task), "--steps", str(plan.steps),
-                "--micro", str(plan.micro_batches), "--seed", str(seed), "--events", str(run_dir / f"r{r}.jsonl"),
+                "--micro", str(plan.micro_batches), "--seed", str(seed), "--clip", str(CLIP), "--events", str(run_dir / f"r{r}.jsonl"),
             ]  # fmt: skip
             with open(run_dir / f"r{r}.log", "wb") as out:
                 procs.append(subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env))

@@ -11,7 +11,11 @@ trained the way a torch user writes it, with no fault tolerance: one gloo proces
 - pp: ``PipelineStage`` of ``task.pp_stage(model, stage, 2)`` on ``mesh["pp"]`` and
   ``ScheduleGPipe`` over ``--micro`` micro-batches (``scale_grads=False``); per step the first
   stage feeds the joined micro-batches, the last computes their losses; the gradients
-  all-reduced over ``mesh["dp"]`` and divided by data world x micro-batches, ``opt.step()``.
+  all-reduced over ``mesh["dp"]`` and divided by data world x micro-batches, ``opt.step()``;
+- both: before ``opt.step()``, the gradients clipped to ``--clip`` as torchtitan's
+  ``clip_grad_norm_`` does it (its default ``max_norm``, 1.0): torch's ``get_total_norm`` of the
+  local gradients (a DTensor norm made whole with ``full_tensor()``; pp: squared, summed over
+  ``mesh["pp"]``), then ``clip_grads_with_norm_``; 0 turns it off.
 
 The divisors and the batches are ckptless_hpc's (ckptless_hpc/train/tp.py, pp.py, data.py), so
 both train the same thing; what ckptless_hpc adds (its loss all-reduce, the global norm, the
@@ -75,6 +79,27 @@ def reduce_grads(params: List[torch.nn.Parameter], group: Any, divisor: int) -> 
             g.copy_(v.view_as(g))
 
 
+def clip(params: List[torch.nn.Parameter], max_norm: float, pp_group: Any = None) -> torch.Tensor:
+    """The gradients clipped to ``max_norm`` by their global L2 norm, as torchtitan's
+    ``dist_utils.clip_grad_norm_`` computes it (DTensor norms made whole; pp: the stages' squares
+    summed over the pipeline group); returns the norm."""
+    grads = [p.grad for p in params if p.grad is not None]
+    # tp: the planned modules' gradients are DTensors, the rest plain tensors; torch's foreach
+    # kernels take one kind at a time, so each kind's norm is taken apart and the two combined
+    dtensors = [g for g in grads if callable(getattr(g, "full_tensor", None))]
+    norms = [torch.nn.utils.get_total_norm(dtensors, 2.0, foreach=True).full_tensor()] if dtensors else []
+    plain = [g for g in grads if not callable(getattr(g, "full_tensor", None))]
+    norms += [torch.nn.utils.get_total_norm(plain, 2.0, foreach=True)] if plain else []
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    if pp_group is not None:
+        total = total**2
+        dist.all_reduce(total, group=pp_group)
+        total = total**0.5
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)  # clip_grads_with_norm_'s, on the local parts
+    torch._foreach_mul_([_local(g) for g in grads], coef)
+    return total
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.plain_parallel_worker", description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=MODES, required=True)
@@ -86,6 +111,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--micro", type=int, default=4, help="pp: micro-batches per step (ckptless_hpc's train.grad_accum)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clip", type=float, default=1.0, help="max_norm of the gradients' clipping (torchtitan's default, 1.0; ckptless_hpc's train.clip_grad_norm); 0: none")
     p.add_argument("--events", required=True)
     args = p.parse_args(argv)
     if args.world % 2:
@@ -141,6 +167,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                 schedule.step(target=torch.cat(ys), losses=losses)
                 local_loss = torch.stack([x.detach() for x in losses]).to(torch.float64).mean()
         reduce_grads(params, dp_group, dp_world * micro)
+        if args.clip > 0:
+            clip(params, args.clip, None if schedule is None else mesh["pp"].get_group())
         set_lr(opt, optim_cfg, step, args.steps)
         opt.step()
         if args.rank == 0:

@@ -347,11 +347,7 @@ class FSDPBinding:
         """The global L2 norm of the (reduced) gradients: local sum of squares over this rank's
         shards (float64), summed over the current generation's shard group. HSDP: the replicas hold
         identical gradients after the hook, so the shard group's sum is the global one."""
-        sq = torch.zeros((), dtype=torch.float64)
-        for p in self.model.parameters():
-            if p.grad is not None:
-                g = _local(p.grad)
-                sq += torch.linalg.vector_norm(g, 2, dtype=torch.float64).pow(2).to(sq.device)
+        sq = local_squares(self.model, {})[1].clone()
         dist.all_reduce(sq, group=self.group)
         return sq.sqrt()
 
@@ -384,6 +380,21 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def local_squares(model: torch.nn.Module, shard_dims: Dict[str, int]) -> torch.Tensor:
+    """[TP-sharded, TP-replicated] (no TP, shard_dims={}: all in [1]): this rank's local gradients' squared L2 norms in float64, each
+    added in the parameters' order (Python floats are IEEE binary64, as a float64 tensor's adds:
+    the same bits as ``sq[i] += vector_norm(g, dtype=float64).pow(2)`` per gradient), with one
+    ``_foreach_norm`` and one copy to the host instead of six dispatches and a copy per gradient.
+    A DTensor gradient's local part is taken under no_grad: its own tensor, without autograd."""
+    with torch.no_grad():
+        named = [(n in shard_dims, _local(p.grad)) for n, p in model.named_parameters() if p.grad is not None]
+        squares = torch.stack(torch._foreach_pow(torch._foreach_norm([g for _, g in named], 2, dtype=torch.float64), 2)).tolist() if named else []
+    sums = [0.0, 0.0]
+    for (sharded, _), v in zip(named, squares):
+        sums[0 if sharded else 1] += v
+    return torch.tensor(sums, dtype=torch.float64)
 
 
 # ------------------------------------------------------------------ local-shard state

@@ -384,11 +384,8 @@ class PPStrategy(LocalState):
         reduced gradients)."""
         if self.tp > 1:
             sq = sharded_squares(self.module, self.tp_group, self.shard_dims)  # type: ignore[arg-type]
-        else:
-            sq = torch.zeros((), dtype=torch.float64)
-            for p in self.module.parameters():  # type: ignore[union-attr]
-                if p.grad is not None:
-                    sq += torch.linalg.vector_norm(p.grad, 2, dtype=torch.float64).pow(2).cpu()
+        else:  # every gradient whole here: one _foreach_norm, the squares added in order (the per-gradient loop's bits)
+            sq = fsdp.local_squares(self.module, {})[1].clone()  # type: ignore[arg-type]
         dist.all_reduce(sq, group=self.pp_group)
         return sq.sqrt()
 

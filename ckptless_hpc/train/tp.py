@@ -34,6 +34,7 @@ import torch.distributed as dist
 
 from ..config import same_batch
 from . import fsdp
+from .fsdp import local_squares
 from . import torch_private as P
 from .fsdp_strategy import FSDPStrategy
 from .grouped import LocalState, StepFailed, collectives, form_mesh_groups, is_comm_error
@@ -86,21 +87,6 @@ def parallelize(task: Any, model: torch.nn.Module, mesh: Any) -> Dict[str, int]:
     # group of survivors, who parallelized long ago, would wait on that scatter forever
     parallelize_module(model, mesh, plan_of(task, model), src_data_rank=None)
     return {n: d for n, p in model.named_parameters() if (d := _shard_dim(p)) is not None}
-
-
-def local_squares(model: torch.nn.Module, shard_dims: Dict[str, int]) -> torch.Tensor:
-    """[TP-sharded, TP-replicated]: this rank's local gradients' squared L2 norms in float64, each
-    added in the parameters' order (Python floats are IEEE binary64, as a float64 tensor's adds:
-    the same bits as ``sq[i] += vector_norm(g, dtype=float64).pow(2)`` per gradient), with one
-    ``_foreach_norm`` and one copy to the host instead of six dispatches and a copy per gradient.
-    A DTensor gradient's local part is taken under no_grad: its own tensor, without autograd."""
-    with torch.no_grad():
-        named = [(n in shard_dims, fsdp._local(p.grad)) for n, p in model.named_parameters() if p.grad is not None]
-        squares = torch.stack(torch._foreach_pow(torch._foreach_norm([g for _, g in named], 2, dtype=torch.float64), 2)).tolist() if named else []
-    sums = [0.0, 0.0]
-    for (sharded, _), v in zip(named, squares):
-        sums[0 if sharded else 1] += v
-    return torch.tensor(sums, dtype=torch.float64)
 
 
 def sharded_squares(model: torch.nn.Module, tp_group: Any, shard_dims: Dict[str, int], shard_group: Any = None) -> torch.Tensor:

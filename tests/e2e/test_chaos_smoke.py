@@ -16,7 +16,8 @@ from ckpt_testlib import REPO
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 
-@pytest.mark.parametrize("parallel,runs,seed,elastic", [("ddp", 2, 11, 0), ("fsdp", 2, 4, 0), ("zero", 2, 5, 1)])
+# one schedule each for ddp and fsdp (CI time; `python -m ckptless_hpc.chaos runs=20` is the soak), two for the job that shrinks
+@pytest.mark.parametrize("parallel,runs,seed,elastic", [("ddp", 1, 11, 0), ("fsdp", 1, 4, 0), ("zero", 2, 5, 1)])
 def test_small_soak_keeps_the_oracle(tmp_path, parallel, runs, seed, elastic):
     p = subprocess.run(
         [sys.executable, "-m", "ckptless_hpc.chaos", f"runs={runs}", f"seed={seed}", f"parallel={parallel}", f"out={tmp_path}", f"elastic={elastic}"],

@@ -195,9 +195,9 @@ def test_the_replicate_reduction_buckets_consecutive_gradients_of_one_dtype_up_t
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_norms_local_squares_are_the_per_gradient_float64_sums_bit_for_bit(dtype):
-    """train/tp.py local_squares (one _foreach_norm, the squares added as Python floats) against
+    """train/fsdp.py local_squares (one _foreach_norm, the squares added as Python floats) against
     the per-gradient float64 tensor sums it replaced: the same bits, so the clip is the same."""
-    from ckptless_hpc.train.tp import local_squares
+    from ckptless_hpc.train.fsdp import local_squares
 
     task = LlamaTPTask()
     torch.manual_seed(0)
