@@ -203,18 +203,36 @@ class LocalState(OneOptimizer):
                 for g, v in zip(bucket, flat.split([g.numel() for g in bucket])):
                     g.copy_(v.view_as(g))
 
-    def reduce_and_norm(self, comm: Any, wait: Callable[[List[Any]], None], broadcasts: List[Any]) -> torch.Tensor:
-        """After the last backward (tp, pp): the loss's all-reduce launched (it runs on the
-        generation's group while the gradients are summed on the replicate group), the gradients
-        made the global mean over the replicas (``self.rep_group``), the loss's all-reduce and the
-        buffers' broadcast waited on, then the norm (``self._collective_norm``, a collective:
-        inside the step, which it can fail)."""
+    def reduce_and_norm(self, comm: Any, wait: Callable[[List[Any]], None], buffer_comm: Any) -> torch.Tensor:
+        """After the last backward (tp, pp): the gradients made the global mean over the replicas
+        (``self.rep_group``), then one all-reduce over the generation's group carries the step's
+        loss (and the task's metrics), whether any rank wrote a buffer in this step
+        (:meth:`.replicated.BufferSync.changed`) and the squares of the global norm
+        (:meth:`_norm_squares`); rank 0's buffers are broadcast over ``buffer_comm`` only when some
+        rank wrote one (a RoPE table or a causal mask never is: no broadcast). One collective a
+        step where the loss, the buffers and the norm took three (``python -m bench --only parallel``)."""
         e = self.e
-        loss = comm.allreduce(e.reduction())
         self.mean_over_replicas(self.rep_group, (e.world // self.same_batch) * e.micro_batches)  # type: ignore[attr-defined]
-        wait([loss] + broadcasts)
-        self._norm = self._collective_norm()  # type: ignore[attr-defined]
+        head = e.reduction()
+        written = 1.0 if e.buffers and e.buffers.changed() else 0.0
+        total = torch.cat([head, torch.tensor([written, self._norm_squares(comm.rank)], dtype=head.dtype, device=head.device)])
+        wait([comm.allreduce(total)])
+        e.reduced(total[: head.numel()])
+        if float(total[-2]) > 0:
+            wait(e.buffers.launch(buffer_comm))
+        self._norm = total[-1].sqrt()
         return self._norm
+
+    def _norm_squares(self, rank: int) -> float:
+        """This rank's part of the squared global norm, summed by the step's one all-reduce: its
+        TP-sharded gradients' local squares, and the replicated ones' on TP rank 0 only (every
+        rank of a TP group holds them whole); nothing outside replica 0, since every replica holds
+        the same reduced gradients (a sum of zeros and one replica's squares: no rounding from
+        counting it several times)."""
+        if rank // self.same_batch:  # type: ignore[attr-defined]
+            return 0.0
+        sq = fsdp.local_squares(self.e.model, self.shard_dims)  # type: ignore[attr-defined]
+        return float(sq[0]) + (float(sq[1]) if rank % self.tp == 0 else 0.0)  # type: ignore[attr-defined]
 
     def clip(self, max_norm: float, norm: torch.Tensor) -> None:
         """Every local gradient scaled so that the global norm is at most ``max_norm`` (torch's formula)."""

@@ -38,8 +38,9 @@ their schedule are built at every generation's bind around the same modules (tor
 keeps its group, its peers' ranks and the shapes it inferred; a new one infers them again on
 the new group in its first step: a few small messages). Then
 each parameter's gradient (the sum over this replica's micro-batches) is summed over the
-replicate group (in buckets of ``train.bucket_mb``) and divided into the mean over the global batch; the norm is each stage's
-squares summed over the pipeline. The loss the engine reports is the mean over the world's
+replicate group (in buckets of ``train.bucket_mb``) and divided into the mean over the global batch; then one
+all-reduce over the generation's group carries the loss, whether a buffer was written and the
+norm's squares (replica 0's stages' own: grouped.py ``reduce_and_norm``). The loss the engine reports is the mean over the world's
 ranks and micro-batches: the last stage adds each micro-batch's loss ``P`` times (the other
 stages add nothing), as the ranks of a TP group each add the same loss.
 
@@ -87,7 +88,7 @@ from .evaluation import split_loss
 from .grouped import LocalState, collectives, form_mesh_groups, mesh_coordinate
 from .replicated import BufferSync
 from .torch_private import rebind_mesh, unbind_mesh
-from .tp import parallelize, sharded_squares, tp_mesh
+from .tp import parallelize, tp_mesh
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}  # parallel.pp_schedule: torch's class
 
@@ -339,8 +340,9 @@ class PPStrategy(LocalState):
         return torch.cat(ins), torch.cat(targets)
 
     def forward_backward(self, step: int, comm: Any, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> Optional[torch.Tensor]:
-        """The pipeline's forwards and backwards, the gradients summed over the replicas and made
-        the global mean, the loss's all-reduce and the buffers' broadcast waited on, then the norm."""
+        """The pipeline's forwards and backwards, then the gradients made the global mean over the
+        replicas and the step's one all-reduce (the loss, the buffers' flag, the norm: grouped.py),
+        replica 0's buffers broadcast over the replicate group where written."""
         e = self.e
         e.optimizer.zero_grad(set_to_none=True)
         self._step = step
@@ -358,9 +360,8 @@ class PPStrategy(LocalState):
             for loss in losses:  # counted once per rank of the pipeline: the engine divides by world x micro-batches
                 e.add_loss(loss.detach().to(torch.float64) * self.pp)
             self._add_metrics(last)
-            broadcasts = e.buffers.launch(self.rep_comm) if e.buffers else []
             on_backward()
-            return self.reduce_and_norm(comm, wait, broadcasts)
+            return self.reduce_and_norm(comm, wait, self.rep_comm)
 
     def _add_metrics(self, last: bool) -> None:
         """The task's metrics of the step into the engine's sums: the last stage's, each counted
@@ -377,17 +378,6 @@ class PPStrategy(LocalState):
             self._names_shared = True
             if not last and names[0] and e.metrics.names is None:
                 e.metrics.add({n: 0.0 for n in names[0]}, e.device, weight=0.0)  # the sums stay zeros: the names and the vector's length
-
-    def _collective_norm(self) -> torch.Tensor:
-        """The global L2 norm: each stage's squares (pp x tp: its TP group's, tp.py's), summed
-        over the pipeline (the stages hold disjoint parameters; every replica holds the same
-        reduced gradients)."""
-        if self.tp > 1:
-            sq = sharded_squares(self.module, self.tp_group, self.shard_dims)  # type: ignore[arg-type]
-        else:  # every gradient whole here: one _foreach_norm, the squares added in order (the per-gradient loop's bits)
-            sq = fsdp.local_squares(self.module, {})[1].clone()  # type: ignore[arg-type]
-        dist.all_reduce(sq, group=self.pp_group)
-        return sq.sqrt()
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self, batch: Any) -> Dict[str, Any]:

@@ -125,6 +125,13 @@ class BufferSync:
         self.groups: List[Tuple[torch.dtype, List[torch.Tensor]]] = list(groups.items())
         self._saved: List[torch.Tensor] = []
         self._packed: List[torch.Tensor] = []
+        self._versions: Optional[List[int]] = None  # the buffers' version counters when they last landed
+
+    def changed(self) -> bool:
+        """Whether a buffer was written in place since the buffers last landed (its version
+        counter moved, as autograd's in-place checks see it), or they never landed here."""
+        bufs = [b for _, group in self.groups for b in group]
+        return self._versions is None or any(b._version != v for b, v in zip(bufs, self._versions))
 
     def __bool__(self) -> bool:
         return bool(self.groups)
@@ -161,6 +168,7 @@ class BufferSync:
                     b.copy_(values[off : off + b.numel()].view_as(b))
                     off += b.numel()
         self._packed = []
+        self._versions = [b._version for _, group in self.groups for b in group]
 
 
 class Replicated(OneOptimizer):

@@ -152,28 +152,21 @@ class TPStrategy(LocalState):
 
     # ------------------------------------------------------------------ one step
     def forward_backward(self, step: int, comm: Any, on_backward: Callable[[], None], wait: Callable[[List[Any]], None]) -> Optional[torch.Tensor]:
-        """Forwards and backwards (the DTensor collectives inside), the gradients summed over the
-        replicas, the loss's all-reduce and the buffers' broadcast waited on, then the norm."""
+        """Forwards and backwards (the DTensor collectives inside), then the gradients summed over
+        the replicas and the step's one all-reduce (the loss, the buffers' flag, the norm:
+        grouped.py), rank 0's buffers broadcast over the generation's group where written."""
         e = self.e
         e.optimizer.zero_grad(set_to_none=True)
-        broadcasts: List[Any] = []
         with collectives(f"step {step}"):
             for micro in range(e.micro_batches):
                 batch = e.feed.get(step, micro)
                 e.seed(step, comm.rank, micro)
                 with e.autocast():
                     loss = e.task_loss(batch)
-                if micro == e.micro_batches - 1 and e.buffers:
-                    broadcasts = e.buffers.launch(comm)
                 e.add_loss(loss)
                 loss.backward()
             on_backward()
-            return self.reduce_and_norm(comm, wait, broadcasts)
-
-    def _collective_norm(self) -> torch.Tensor:
-        """The global L2 norm: the sharded gradients' local squares summed over the TP group,
-        the replicated ones' added once (every rank of the group holds them whole)."""
-        return sharded_squares(self.e.model, self.tp_group, self.shard_dims).sqrt()
+            return self.reduce_and_norm(comm, wait, comm)
 
 
 class TPShardStrategy(FSDPStrategy):
