@@ -66,6 +66,9 @@ PLANS = {
     "quick": Plan("quick", dict(dim=32, n_layers=2, hidden=48, seq_len=12, batch_size=4), steps=8, skip_steps=2, pairs=1, fault_step=4),
     # 0.74 M parameters (8.9 MB of state with AdamW): a step of 0.1-0.4 s on the 2-core dev box, with 4 ranks and a spare node on it
     "full": Plan("full", dict(dim=128, n_layers=4, hidden=344, seq_len=32, batch_size=8), steps=60, skip_steps=10, pairs=3, fault_step=30),
+    # the same model with 8x the tokens per step (2,048 per replica): the per-step costs of both sides (the
+    # collectives, the snapshot, the norm) against more compute, nearer a real LLM step's share (--plan tokens; ~15 min)
+    "tokens": Plan("tokens", dict(dim=128, n_layers=4, hidden=344, seq_len=64, batch_size=32), steps=30, skip_steps=5, pairs=3, fault_step=15, job_timeout_s=600),
 }
 
 # recoveries without the spare pool's background refill (as B1: on one 2-core machine the refill's
@@ -282,9 +285,9 @@ def model_figures(task: Dict[str, int]) -> Dict[str, int]:
     return {"params": params, "state_bytes": 3 * 4 * params}
 
 
-def measure(quick: bool, tmp: Optional[Path] = None) -> Dict[str, Any]:
+def measure(quick: bool, tmp: Optional[Path] = None, plan_name: Optional[str] = None) -> Dict[str, Any]:
     """The section (JSON-able): the TP and PP step pairs, then the three recoveries. ``tmp``: where the run directories go."""
-    plan = PLANS["quick" if quick else "full"]
+    plan = PLANS[plan_name or ("quick" if quick else "full")]
     runs = _Runs(tmp or RESULTS / "tmp" / "parallel")
     runs.tmp.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -414,21 +417,25 @@ def _clean(x: Any) -> Any:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.parallel_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the smoke variant: the task's tiny sizes, one pair, a few steps")
+    ap.add_argument("--plan", choices=sorted(PLANS), help="a plan by name (--quick is --plan quick; default full); tokens: 8x the tokens per step")
     ap.add_argument("--results", type=Path, default=RESULTS, help=f"results folder (default {RESULTS.relative_to(REPO)}); run directories in DIR/tmp/parallel")
     args = ap.parse_args(argv)
     results = args.results.resolve()
-    command = "python -m bench.parallel_bench" + (" --quick" if args.quick else "") + ("" if results == RESULTS else f" --results {args.results}")
+    plan = args.plan or ("quick" if args.quick else "full")
+    command = (
+        "python -m bench.parallel_bench" + (" --quick" if args.quick else f" --plan {plan}" if args.plan else "") + ("" if results == RESULTS else f" --results {args.results}")
+    )
     res: Dict[str, Any] = {
-        "mode": "quick" if args.quick else "full",
+        "mode": plan,
         "command": command,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),  # the package's git commit (core_commit) and the load average at the start
     }
-    res["parallel"] = measure(args.quick, results / "tmp" / "parallel")
+    res["parallel"] = measure(plan == "quick", results / "tmp" / "parallel", plan)
     res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     res["headline"] = headline(res["parallel"])
     res["elapsed_s"] = res["parallel"]["elapsed_s"]
-    path = results / ("quick-parallel.json" if args.quick else "only-parallel.json")
+    path = results / {"quick": "quick-parallel.json", "full": "only-parallel.json"}.get(plan, f"only-parallel-{plan}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_clean(res), indent=2) + "\n", encoding="utf-8")
     print(table(res["parallel"]))
