@@ -67,7 +67,7 @@ PLANS = {
     # 0.74 M parameters (8.9 MB of state with AdamW): a step of 0.1-0.4 s on the 2-core dev box, with 4 ranks and a spare node on it
     "full": Plan("full", dict(dim=128, n_layers=4, hidden=344, seq_len=32, batch_size=8), steps=60, skip_steps=10, pairs=3, fault_step=30),
     # the same model with 8x the tokens per step (2,048 per replica): the per-step costs of both sides (the
-    # collectives, the snapshot, the norm) against more compute, nearer a real LLM step's share (--plan tokens; ~15 min)
+    # collectives, the snapshot, the norm) against more compute, nearer a real LLM step's share (--plan tokens; ~8 min)
     "tokens": Plan("tokens", dict(dim=128, n_layers=4, hidden=344, seq_len=64, batch_size=32), steps=30, skip_steps=5, pairs=3, fault_step=15, job_timeout_s=600),
 }
 
