@@ -100,3 +100,27 @@ def test_the_runner_carries_the_section_and_the_quick_smoke_leaves_it_out(tmp_pa
     rows = report.parallel_rows(got["parallel"])
     assert [r[0].split(" vs ")[0] for r in rows] == ["TP=2 x 2 replicas", "PP=2 (gpipe, 4 micro-batches) x 2 replicas", "TP / PP lost rank"], rows
     assert rows[0][3] == got["parallel"]["tp"]["verdict"] and "oracle held" in rows[2][1]
+
+
+def test_the_plain_worker_clips_as_torch_does_and_the_jobs_clip_too():
+    """bench/plain_parallel_worker.py clip (torchtitan's clip_grad_norm_ for plain tensors, one
+    process: no pipeline group) against torch.nn.utils.clip_grad_norm_, and both sides of the
+    section clip at the same max_norm (the jobs' train.clip_grad_norm)."""
+    import torch
+
+    from bench.plain_parallel_worker import clip
+
+    def grads(seed: int):
+        torch.manual_seed(seed)
+        ps = [torch.nn.Parameter(torch.randn(n)) for n in (7, 3, 11)]
+        for p in ps:
+            p.grad = torch.randn_like(p) * 3
+        return ps
+
+    mine, theirs = grads(0), grads(0)
+    total = clip(mine, 1.0)
+    want = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    assert torch.allclose(total, want) and float(total) > 1.0, (total, want)  # the clip bites
+    assert all(torch.allclose(a.grad, b.grad) for a, b in zip(mine, theirs))
+    plan = parallel_bench.PLANS["quick"]
+    assert f"train.clip_grad_norm={parallel_bench.CLIP}" in parallel_bench.overrides(plan, "pp") and parallel_bench.CLIP == 1.0
