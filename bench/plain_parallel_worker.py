@@ -15,7 +15,7 @@ trained the way a torch user writes it, with no fault tolerance: one gloo proces
 - both: before ``opt.step()``, the gradients clipped to ``--clip`` as torchtitan's
   ``clip_grad_norm_`` does it (its default ``max_norm``, 1.0): torch's ``get_total_norm`` of the
   local gradients (a DTensor norm made whole with ``full_tensor()``; pp: squared, summed over
-  ``mesh["pp"]``), then ``clip_grads_with_norm_``; 0 turns it off.
+  ``mesh["pp"]``), then each local gradient scaled by ``clip_grads_with_norm_``'s coefficient; 0 turns it off.
 
 The divisors and the batches are ckptless_hpc's (ckptless_hpc/train/tp.py, pp.py, data.py), so
 both train the same thing; what ckptless_hpc adds (its loss all-reduce, the global norm, the

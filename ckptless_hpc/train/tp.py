@@ -34,7 +34,6 @@ import torch.distributed as dist
 
 from ..config import same_batch
 from . import fsdp
-from .fsdp import local_squares
 from . import torch_private as P
 from .fsdp_strategy import FSDPStrategy
 from .grouped import LocalState, StepFailed, collectives, form_mesh_groups, is_comm_error
@@ -94,7 +93,7 @@ def sharded_squares(model: torch.nn.Module, tp_group: Any, shard_dims: Dict[str,
     local squares summed over ``tp_group`` (a collective), the replicated ones' added once (every
     rank holds them whole). tp x shard: both first summed over ``shard_group``, whose ranks each
     hold FSDP2's dim-0 shard of them."""
-    sq = local_squares(model, shard_dims)
+    sq = fsdp.local_squares(model, shard_dims)
     if shard_group is not None:
         dist.all_reduce(sq, group=shard_group)
     sharded = sq[0].clone()
