@@ -73,6 +73,38 @@ def verdict(overheads_pct: Sequence[float], target_pct: float) -> str:
     return "unresolved at this load"
 
 
+def median_interval(xs: Iterable[float], level: float = 0.9) -> Dict[str, Any]:
+    """A distribution-free interval for the median of repetitions (order statistics: the k-th
+    smallest and the k-th largest, k the largest with P(Binomial(n, 1/2) < k) <= (1 - level) / 2),
+    so that pairs spread by load can still give a verdict once there are enough of them;
+    ``coverage``: the interval's exact confidence (>= ``level``), None when n is too small."""
+    v = sorted(float(x) for x in xs if x is not None and x == x)
+    n = len(v)
+    k, tail = 0, 0.0
+    while k < n // 2:
+        below = tail + math.comb(n, k) / 2.0**n  # P(B <= k): the interval [v[k], v[n-1-k]] misses with twice that
+        if below > (1.0 - level) / 2.0:
+            break
+        k, tail = k + 1, below
+    if k == 0:
+        return {"n": n, "low": None, "high": None, "coverage": None}
+    return {"n": n, "low": v[k - 1], "high": v[n - k], "coverage": 1.0 - 2.0 * tail}
+
+
+def median_verdict(overheads_pct: Sequence[float], target_pct: float, level: float = 0.9) -> str:
+    """The verdict on the median overhead of many pairs: "yes" when the interval of
+    :func:`median_interval` lies within the target, "NO" when it lies past it, else "unresolved"
+    ("too few pairs" when n gives no interval at this level: 5 or more are needed at 0.9)."""
+    ci = median_interval(overheads_pct, level)
+    if ci["coverage"] is None:
+        return "too few pairs"
+    if ci["high"] <= target_pct:
+        return "yes"
+    if ci["low"] > target_pct:
+        return "NO"
+    return "unresolved"
+
+
 def spread(xs: Iterable[float]) -> Dict[str, float]:
     """Median, min and max of repetitions (for a table's "median (min-max)")."""
     v = [float(x) for x in xs if x is not None]

@@ -25,6 +25,7 @@ the name ``python -m bench --only parallel`` gives it. Run directories go to ``b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -40,7 +41,7 @@ if __package__ in (None, ""):  # python bench/parallel_bench.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "bench"
 
-from .common import REPO, BenchError, CpuSampler, JobRun, cpu_per_step, finite, free_port_store, kill_all, machine_info, median, read_jsonl, run_ckptless, spread, verdict  # noqa: E402
+from .common import REPO, BenchError, CpuSampler, JobRun, cpu_per_step, finite, free_port_store, kill_all, machine_info, median, median_interval, median_verdict, read_jsonl, run_ckptless, spread, verdict  # noqa: E402
 
 TARGET_PCT = 2.0  # issue 31: the step's overhead over plain torch
 TASK = "examples.llama.LlamaParallelTask"
@@ -238,6 +239,9 @@ def _layout_summary(pairs: List[Dict[str, Any]]) -> Dict[str, Any]:
         "pair_overheads_pct": overheads,
         # <= 2 % only when every pair says so ("unresolved at this load" when they disagree)
         "verdict": verdict(overheads, TARGET_PCT),
+        # the median's own verdict: a distribution-free 90 % interval of the pairs' median (5 pairs or more, --pairs)
+        "median_interval_pct": median_interval(overheads),
+        "median_verdict": median_verdict(overheads, TARGET_PCT),
         "ckptless_in_step_s": median(p["ckptless_in_step_s"] for p in pairs),
         "plain_in_step_s": median(p["plain_in_step_s"] for p in pairs),
         "cpu_overhead_pct": median(cpu) if cpu else None,
@@ -285,9 +289,12 @@ def model_figures(task: Dict[str, int]) -> Dict[str, int]:
     return {"params": params, "state_bytes": 3 * 4 * params}
 
 
-def measure(quick: bool, tmp: Optional[Path] = None, plan_name: Optional[str] = None) -> Dict[str, Any]:
-    """The section (JSON-able): the TP and PP step pairs, then the three recoveries. ``tmp``: where the run directories go."""
+def measure(quick: bool, tmp: Optional[Path] = None, plan_name: Optional[str] = None, pairs_n: Optional[int] = None) -> Dict[str, Any]:
+    """The section (JSON-able): the TP and PP step pairs, then the three recoveries. ``tmp``: where the run directories go;
+    ``pairs_n``: pairs per layout in place of the plan's."""
     plan = PLANS[plan_name or ("quick" if quick else "full")]
+    if pairs_n is not None:
+        plan = dataclasses.replace(plan, pairs=pairs_n)
     runs = _Runs(tmp or RESULTS / "tmp" / "parallel")
     runs.tmp.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -383,6 +390,13 @@ def table(res: Dict[str, Any]) -> str:
         lines.append(
             f"{name:<22}{_ms(s['ckptless_step_s']):>18}{_ms(s['plain_step_s']):>15}{_pct(s['overhead_pct']):>10}  {pairs:<28}{s['verdict']:<26}{_pct(s['cpu_overhead_pct']) + ', ' + _pct(s['cpu_overhead_all_pct']):>36}"
         )
+    for mode in ("tp", "pp"):
+        ci = res[mode].get("median_interval_pct") or {}
+        if ci.get("coverage") is not None:
+            lines.append(
+                f"{mode.upper()} median over {ci['n']} pairs: {ci['coverage']:.0%} interval {_pct(ci['low'])} .. {_pct(ci['high'])}: "
+                f"<= {res['target_pct']}%? {res[mode]['median_verdict']}"
+            )
     f = res["fault"]
     lines += [
         "",
@@ -418,12 +432,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.parallel_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the smoke variant: the task's tiny sizes, one pair, a few steps")
     ap.add_argument("--plan", choices=sorted(PLANS), help="a plan by name (--quick is --plan quick; default full); tokens: 8x the tokens per step")
+    ap.add_argument("--pairs", type=int, help="back-to-back pairs per layout in place of the plan's (5 or more: the median's interval gives a verdict)")
     ap.add_argument("--results", type=Path, default=RESULTS, help=f"results folder (default {RESULTS.relative_to(REPO)}); run directories in DIR/tmp/parallel")
     args = ap.parse_args(argv)
     results = args.results.resolve()
     plan = args.plan or ("quick" if args.quick else "full")
+    if args.pairs is not None and args.pairs < 1:
+        ap.error(f"--pairs {args.pairs}: at least 1")
     command = (
-        "python -m bench.parallel_bench" + (" --quick" if args.quick else f" --plan {plan}" if args.plan else "") + ("" if results == RESULTS else f" --results {args.results}")
+        "python -m bench.parallel_bench"
+        + (" --quick" if args.quick else f" --plan {plan}" if args.plan else "")
+        + (f" --pairs {args.pairs}" if args.pairs is not None else "")
+        + ("" if results == RESULTS else f" --results {args.results}")
     )
     res: Dict[str, Any] = {
         "mode": plan,
@@ -431,11 +451,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),  # the package's git commit (core_commit) and the load average at the start
     }
-    res["parallel"] = measure(plan == "quick", results / "tmp" / "parallel", plan)
+    res["parallel"] = measure(plan == "quick", results / "tmp" / "parallel", plan, args.pairs)
     res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     res["headline"] = headline(res["parallel"])
     res["elapsed_s"] = res["parallel"]["elapsed_s"]
-    path = results / {"quick": "quick-parallel.json", "full": "only-parallel.json"}.get(plan, f"only-parallel-{plan}.json")
+    path = results / ({"quick": "quick-parallel.json", "full": "only-parallel.json"}.get(plan, f"only-parallel-{plan}.json") if args.pairs is None else f"only-parallel-{plan}-{args.pairs}pairs.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(_clean(res), indent=2) + "\n", encoding="utf-8")
     print(table(res["parallel"]))
