@@ -61,6 +61,7 @@ def test_quick_section_writes_every_field(tmp_path):
         s = sec[mode]
         assert set(LAYOUT_KEYS) <= set(s), (mode, sorted(s))
         assert s["verdict"] in VERDICTS and len(s["pairs"]) == sec["pairs"] == len(s["pair_overheads_pct"]), s
+        assert s["median_verdict"] == "too few pairs" and s["median_interval_pct"]["n"] == sec["pairs"], s  # one pair: --pairs 5 or more gives one
         for pair in s["pairs"]:
             assert set(PAIR_KEYS) <= set(pair), sorted(pair)
             assert pair["ckptless_step_s"] > 0 and pair["plain_step_s"] > 0, pair
