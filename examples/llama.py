@@ -4,6 +4,9 @@ grouped-query attention, a complex64 RoPE cache as a non-persistent buffer; the 
 
 - ``LlamaTask``: a fused ``wqkv`` that its ``state_dict`` hooks present as ``wq``/``wk``/``wv``;
 - ``LlamaTPTask``: ``wq``/``wk``/``wv`` apart and torchtitan's tensor-parallel plan;
+- ``LlamaSPTask``: the same with sequence parallel (torchtitan's ``apply_tp`` whole)::
+
+    python -m ckptless_hpc '~task' +task._target_=examples.llama.LlamaSPTask parallel=tp parallel.tp=2 cluster.nodes=2 cluster.workers_per_node=2
 - ``LlamaPPTask``: pipeline stages cut torchtitan's way (its manual split);
 - ``LlamaParallelTask``: both, the example a user runs. From the repository root (the workers
   import ``examples.*`` from there), tensor parallel in groups of 2 ranks, two replicas::
@@ -258,6 +261,44 @@ class LlamaPP(Llama):
             h = layer(h, freqs_cis)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h
+
+
+class LlamaSPTask(LlamaTPTask):
+    """The same decoder with torchtitan's whole tensor-parallel plan, sequence parallel included
+    (``parallelize_llama``'s ``apply_tp``): between the blocks the activations stay sharded along
+    the sequence (``Shard(1)``), the norms run on each rank's part of it (``SequenceParallel``, their
+    weights replicated), each block gathers its input before the column-wise projections
+    (``PrepareModuleInput``) and its row-wise output projection scatters the sum back along the
+    sequence; the embedding is row-wise (sharded along the vocabulary), the output head
+    column-wise with its logits replicated (no loss parallel)."""
+
+    def tp_plan(self, model: nn.Module) -> Dict[str, Any]:
+        from torch.distributed.tensor import Replicate, Shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel
+
+        plan: Dict[str, Any] = {
+            "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+            "norm": SequenceParallel(),
+            "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate()),
+        }
+        for name in model.layers:
+            b = f"layers.{name}"
+            plan.update(
+                {
+                    f"{b}.attention_norm": SequenceParallel(),
+                    f"{b}.attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+                    f"{b}.attention.wq": ColwiseParallel(),
+                    f"{b}.attention.wk": ColwiseParallel(),
+                    f"{b}.attention.wv": ColwiseParallel(),
+                    f"{b}.attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                    f"{b}.ffn_norm": SequenceParallel(),
+                    f"{b}.feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                    f"{b}.feed_forward.w1": ColwiseParallel(),
+                    f"{b}.feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+                    f"{b}.feed_forward.w3": ColwiseParallel(),
+                }
+            )
+        return plan
 
 
 class LlamaPPTask(LlamaTask):

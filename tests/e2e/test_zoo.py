@@ -43,6 +43,7 @@ MODELS = {
     "cnn": "models.cnn.CNNTask",
     "counters": "models.counters.CountersTask",
     "llama_tp": "models.llama.LlamaTPTask",  # wq/wk/wv apart and a tensor-parallel plan (tp_plan)
+    "llama_sp": "models.llama.LlamaSPTask",  # torchtitan's whole plan: sequence parallel norms, a row-wise embedding
     "llama_pp": "models.llama.LlamaPPTask",  # pipeline stages (pp_stage, pp_split, pp_loss), torchtitan's manual split
     "llama_parallel": "models.llama.LlamaParallelTask",  # both: pipeline stages and a tensor-parallel plan
 }
@@ -69,7 +70,7 @@ MODES = {
     "tp_shard_1": ("parallel=tp", "parallel.tp=2", "parallel.shard_size=2", "cluster.workers_per_node=2", "train.grad_accum=2", "train.clip_grad_norm=0.5"),
     "tp_shard": ("parallel=tp", "parallel.tp=2", "parallel.shard_size=2", "cluster.workers_per_node=4", "train.grad_accum=2", "train.clip_grad_norm=0.5"),
 }
-TP_MODELS = {"llama_tp", "llama_parallel"}  # the models with a tp_plan
+TP_MODELS = {"llama_tp", "llama_sp", "llama_parallel"}  # the models with a tp_plan
 PP_MODELS = {"llama_pp", "llama_parallel"}  # the models with pipeline stages
 SHAPE = ("cluster.nodes=2", "cluster.spare_nodes=2", "train.steps=12", "optim.warmup_steps=2")
 FAST_HB = ("cluster.heartbeat_interval_s=0.25", "cluster.heartbeat_timeout_s=1.5")
@@ -80,7 +81,7 @@ FAULTS = (
 # CI's pairs: every mode and every model; the failures of issue 30: zero with the fused QKV under
 # an update kill (1), fsdp with a complex buffer and a hook that gathers DTensors (2, 3), zero with
 # a tie whose tensor rank 0 does not own (4)
-PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_tp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("pp_tp", "llama_parallel"), ("tp_1", "llama_tp"), ("pp_1", "llama_pp"), ("tp_shard_1", "llama_tp")]
+PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_sp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("pp_tp", "llama_parallel"), ("tp_1", "llama_tp"), ("pp_1", "llama_pp"), ("tp_shard_1", "llama_tp")]
 if os.environ.get("CKPTLESS_ZOO") == "full":
     PAIRS = [
         (mode, model)

@@ -9,6 +9,7 @@ from examples.llama import (  # noqa: F401
     LlamaParallelTask,
     LlamaPP,
     LlamaPPTask,
+    LlamaSPTask,
     LlamaTask,
     LlamaTPTask,
     RMSNorm,
