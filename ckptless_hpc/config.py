@@ -492,9 +492,9 @@ class ParallelConfig:
     pp_virtual: int = 1
     """pp: stages per rank (pipelines of pp x pp_virtual stages, rank s of a pipeline holding stages s, s+pp, ...); more than 1 needs pp_schedule=interleaved_1f1b, which needs 2 or more."""
     param_dtype: Optional[str] = None
-    """fsdp|hsdp: FSDP2's MixedPrecisionPolicy param_dtype, the dtype parameters are gathered and computed in (null: theirs; bf16 | fp16 | fp32)."""
+    """fsdp|hsdp|tp x shard: FSDP2's MixedPrecisionPolicy param_dtype, the dtype parameters are gathered and computed in (null: theirs; bf16 | fp16 | fp32)."""
     reduce_dtype: Optional[str] = None
-    """fsdp|hsdp: MixedPrecisionPolicy reduce_dtype, the dtype gradients are reduced in (null: param_dtype's; bf16 | fp16 | fp32)."""
+    """fsdp|hsdp|tp x shard: MixedPrecisionPolicy reduce_dtype, the dtype gradients are reduced in (null: param_dtype's; bf16 | fp16 | fp32)."""
 
     @staticmethod
     def check(cfg: Any, need: Need, shape: Shape, probes: "Probes") -> None:
@@ -532,12 +532,13 @@ class ParallelConfig:
         for name in ("param_dtype", "reduce_dtype"):
             v = getattr(p, name, None)
             need(v is None or v in MP_DTYPES, f"parallel.{name}", v, "unknown dtype", f"use one of {', '.join(MP_DTYPES)}, or null")
+            tp_shard = p.mode == "tp" and p.get("shard_size") not in (None, 1)
             need(
-                v not in MP_DTYPES or p.mode in ("fsdp", "hsdp"),
+                v not in MP_DTYPES or p.mode in ("fsdp", "hsdp") or tp_shard,
                 f"parallel.{name}",
                 v,
-                f"FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not {p.mode}",
-                "use train.precision=bf16 (autocast) with ddp or zero, or parallel=fsdp",
+                f"FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp and tp x shard (parallel.shard_size > 1), not {p.mode}" + (" alone" if p.mode == "tp" else ""),
+                "use train.precision=bf16 (autocast) with ddp, zero, tp or pp, or parallel=fsdp, or parallel.shard_size=2 under tp",
             )
         if p.mode == "ddp":
             return

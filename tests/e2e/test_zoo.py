@@ -197,12 +197,14 @@ def test_a_compiled_model_keeps_the_oracle_and_its_own_names(mode, job, baseline
     assert max(diffs.values()) <= 1e-5, diffs
 
 
-def test_fsdp_mixed_precision_policy_is_in_effect_and_keeps_the_oracle(job, baseline):
+@pytest.mark.parametrize("mode", ["fsdp", "tp_shard_1"])
+def test_fsdp_mixed_precision_policy_is_in_effect_and_keeps_the_oracle(mode, job, baseline):
     """parallel.param_dtype=bf16, parallel.reduce_dtype=fp32 (FSDP2's MixedPrecisionPolicy, as
-    torchtitan sets it): bitwise under a killed rank; the sharded parameters stay fp32 (the saved
-    model is fp32) and the training differs from the fp32 run's (the policy is in effect) by what
-    bf16 compute makes, not more."""
-    base = ("~task", f"+task._target_={MODELS['llama']}", "cluster.nodes=2", "train.steps=8", "parallel=fsdp")
+    torchtitan sets it, also over a tensor-parallel model: tp x shard): bitwise under a killed
+    rank; the sharded parameters stay fp32 (the saved model is fp32) and the training differs
+    from the fp32 run's (the policy is in effect) by what bf16 compute makes, not more."""
+    model, layout = ("llama", ("parallel=fsdp",)) if mode == "fsdp" else ("llama_tp", MODES[mode])
+    base = ("~task", f"+task._target_={MODELS[model]}", "cluster.nodes=2", "train.steps=8", *layout)
     cfg = (*base, "parallel.param_dtype=bf16", "parallel.reduce_dtype=fp32")
     res = job(*cfg, "fault=kill_worker", "fault.rank=1", "fault.step=4", env=ENV, timeout_s=300)
     assert res.rc == 0, res.out[-5000:]

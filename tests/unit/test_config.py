@@ -55,7 +55,7 @@ def test_slurm_group_switches_schema():
         ("train.bucket_mb=0", "train.bucket_mb=0.0: must be > 0"),
         ("train.stall_timeout_s=0", "train.stall_timeout_s=0.0: must be > 0 or null"),
         ("train.compile_backend=tvm", "train.compile_backend='tvm': unknown backend"),
-        ("parallel.param_dtype=bf16", "parallel.param_dtype='bf16': FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not ddp"),
+        ("parallel.param_dtype=bf16", "parallel.param_dtype='bf16': FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp and tp x shard (parallel.shard_size > 1), not ddp"),
         ("parallel.reduce_dtype=int8", "parallel.reduce_dtype='int8': unknown dtype"),
     ],
 )

@@ -51,7 +51,7 @@ def cfg(*overrides: str):
         (("parallel.pp_schedule=1f1b", "train.grad_accum=1"), "train.grad_accum=1: parallel.pp_schedule=1f1b needs at least as many micro-batches as stages (parallel.pp=2)"),
         (("train.compile=true",), "train.compile=True: parallel=pp runs the stages' own modules"),
         (("cluster.nodes=3", "cluster.min_nodes=2"), "parallel.mode=pp cannot shrink yet"),
-        (("parallel.param_dtype=bf16",), "FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not pp"),
+        (("parallel.param_dtype=bf16",), "FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp and tp x shard (parallel.shard_size > 1), not pp"),
         (("parallel.tp=0",), "parallel.tp=0: must be null or an integer >= 1"),
         (("parallel.tp=2", "cluster.nodes=3"), "parallel.pp x parallel.tp=4: pp x tp needs a replica (pp x tp ranks) that divides the world size 6"),
     ],

@@ -34,7 +34,7 @@ def cfg(*overrides: str):
         (("parallel=tp", "parallel.tp=4", "cluster.nodes=1", "cluster.workers_per_node=4"), "replication.factor=1: parallel.tp=4 makes the whole world one replica"),
         (("parallel=tp", "parallel.tp=2", "cluster.workers_per_node=1", "replication.factor=0"), "replication.factor=0: parallel.tp=2 makes the whole world one replica"),
         (("parallel=tp", "parallel.tp=2", "cluster.nodes=1", "cluster.workers_per_node=4"), "parallel.tp=2: every replica of some shard lives on one node"),
-        (("parallel=tp", "cluster.workers_per_node=2", "parallel.param_dtype=bf16"), "FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp, not tp"),
+        (("parallel=tp", "cluster.workers_per_node=2", "parallel.param_dtype=bf16"), "FSDP2's MixedPrecisionPolicy is for parallel=fsdp|hsdp and tp x shard (parallel.shard_size > 1), not tp alone"),
         (("parallel=tp", "cluster.workers_per_node=2", "cluster.nodes=3", "cluster.min_nodes=2"), "parallel.mode=tp cannot shrink yet"),
     ],
 )
