@@ -623,17 +623,37 @@ class ParallelConfig:
                 "must be null or an integer >= 1 (under parallel=pp: ranks per tensor-parallel group of each stage)",
                 "set parallel.tp=2, or null for no TP",
             )
+        shard = p.get("shard_size")
+        if shard not in (None, 1):  # pp x shard: FSDP2 over the same stage of a replica's pipelines
+            need(
+                _is_int(shard) and shard >= 2,
+                "parallel.shard_size",
+                shard,
+                "must be null or an integer >= 1 (under parallel=pp: pipelines per replica, FSDP2 over each stage's)",
+                "set parallel.shard_size=2, or null",
+            )
+            need(
+                not (_is_int(tp) and tp > 1),
+                "parallel.shard_size",
+                shard,
+                "parallel=pp with both parallel.tp and parallel.shard_size (pp x shard x tp, all four dims) is not built",
+                "drop one: parallel.tp=null (pp x shard) or parallel.shard_size=null (pp x tp); or parallel=tp parallel.shard_size=S (tp x shard)",
+            )
+            need(
+                p.get("pp_virtual", 1) in (None, 1),
+                "parallel.pp_virtual",
+                p.get("pp_virtual"),
+                "pp x shard runs one stage per rank (interleaved stages under FSDP2 are not built)",
+                "set parallel.pp_virtual=1 and parallel.pp_schedule=gpipe|1f1b",
+            )
+            if _is_int(shard) and shard >= 2 and _is_int(p.get("pp")):
+                ParallelConfig.check_groups(
+                    group_size(p), r, need, shape, probes, field="parallel.pp x parallel.shard_size", what="pp x shard needs a replica (pp x shard_size ranks)"
+                )
         elif _is_int(tp) and tp > 1 and _is_int(p.get("pp")):  # pp x tp: a replica is pp x tp ranks
             ParallelConfig.check_groups(group_size(p), r, need, shape, probes, field="parallel.pp x parallel.tp", what="pp x tp needs a replica (pp x tp ranks)")
         else:
             ParallelConfig.check_groups(p.get("pp"), r, need, shape, probes, field="parallel.pp", what="pp needs a pipeline size (stages per replica)")
-        need(
-            p.get("shard_size") in (None, 1),
-            "parallel.shard_size",
-            p.get("shard_size"),
-            "parallel=pp has no FSDP inside a stage (pp x shard) yet",
-            "leave parallel.shard_size unset; for FSDP2 inside a replica use parallel=tp parallel.shard_size=S",
-        )
         sched = p.get("pp_schedule", "gpipe")
         need(sched in PP_SCHEDULES, "parallel.pp_schedule", sched, "unknown pipeline schedule", f"use one of {', '.join(PP_SCHEDULES)}")
         if sched == "1f1b" and _is_int(p.get("pp")) and _is_int(t.grad_accum):
@@ -941,10 +961,13 @@ def resume_shards(cfg: Any) -> int:
 def group_size(parallel: Any) -> Optional[int]:
     """Ranks per replica group of a ``parallel`` config: hsdp's shard_size, tp's tp (tp x shard:
     shard_size * tp, a replica's TP groups that FSDP2 shards over), pp's pp (pp x tp: pp * tp, a
-    replica's pipelines of TP groups; else None)."""
+    replica's pipelines of TP groups; pp x shard: pp * shard_size, a replica's pipelines, FSDP2
+    over the same stage of each; else None)."""
     mode = str(getattr(parallel, "mode", "ddp"))
     if mode == "pp":
-        pp, tp = getattr(parallel, "pp", None), getattr(parallel, "tp", None)
+        pp, tp, shard = getattr(parallel, "pp", None), getattr(parallel, "tp", None), getattr(parallel, "shard_size", None)
+        if _is_int(pp) and _is_int(shard) and shard > 1:
+            return pp * shard  # pp x shard: a replica's pipelines, FSDP2 over the same stage of each
         return pp * tp if _is_int(pp) and _is_int(tp) and tp > 1 else pp
     if mode == "tp":
         tp, shard = getattr(parallel, "tp", None), getattr(parallel, "shard_size", None)
@@ -954,9 +977,14 @@ def group_size(parallel: Any) -> Optional[int]:
 
 def same_batch(parallel: Any) -> int:
     """Ranks of a ``parallel`` config that compute the same batch: a TP group (tp), a replica's
-    pipelines of TP groups (pp); 1 otherwise."""
+    pipelines of TP groups (pp), a pipeline (pp x shard: each of a replica's pipelines is an FSDP
+    rank of its own data); 1 otherwise."""
     mode = str(getattr(parallel, "mode", "ddp"))
-    size = getattr(parallel, "tp", None) if mode == "tp" else group_size(parallel) if mode == "pp" else None
+    shard = getattr(parallel, "shard_size", None)
+    if mode == "pp" and _is_int(shard) and shard > 1:
+        size = getattr(parallel, "pp", None)
+    else:
+        size = getattr(parallel, "tp", None) if mode == "tp" else group_size(parallel) if mode == "pp" else None
     return int(size) if _is_int(size) and size >= 1 else 1
 
 

@@ -17,6 +17,10 @@ grouped-query attention, a complex64 RoPE cache as a non-persistent buffer; the 
 
     python -m ckptless_hpc '~task' +task._target_=examples.llama.LlamaParallelTask parallel=pp parallel.pp=2 parallel.pp_schedule=1f1b train.grad_accum=4 cluster.nodes=2 cluster.workers_per_node=2
 
+  FSDP2 inside the pipeline stages (pp x shard): two pipelines per replica, each stage sharded over both::
+
+    python -m ckptless_hpc '~task' +task._target_=examples.llama.LlamaParallelTask parallel=pp parallel.pp=2 parallel.shard_size=2 train.grad_accum=2 cluster.nodes=2 cluster.workers_per_node=4
+
   tensor parallel with three replicas, a killed rank refilled from another replica::
 
     python -m ckptless_hpc '~task' +task._target_=examples.llama.LlamaParallelTask parallel=tp parallel.tp=2 cluster.nodes=3 cluster.workers_per_node=2 fault=kill_worker fault.rank=3 fault.step=5

@@ -22,6 +22,7 @@ class Layout:
         self.shard_size = group_size(p) if p is not None else None
         self.pp, self.tp = (int(p.get("pp") or 1), int(p.get("tp") or 1)) if p is not None and self.mode == "pp" else (1, 1)
         self.tp_shard = int(p.get("shard_size") or 1) if p is not None and self.mode == "tp" else 1  # FSDP2 over this many TP groups of a replica
+        self.pp_shard = int(p.get("shard_size") or 1) if p is not None and self.mode == "pp" else 1  # FSDP2 over this many pipelines of a replica
         r = cfg.get("replication") if hasattr(cfg, "get") else getattr(cfg, "replication", None)
         self.factor = int(r.factor) if r is not None and sends_copies(self.mode, self.world, self.shard_size) else 0
         self.every = int(r.every) if r is not None else 1
@@ -55,8 +56,12 @@ class Layout:
                 if self.tp_shard > 1
                 else f"tensor parallel in groups of {self.shard_size}, {replicas} of each TP coordinate's shard"
             ),
-            "pp": f"pipelines of {self.pp} stages{f' x tensor parallel {self.tp}' if self.tp > 1 else ''}, {replicas} of each "
-            + ("(stage, TP rank)'s shard" if self.tp > 1 else "stage's shard"),
+            "pp": (
+                f"FSDP2 over {self.pp_shard} pipelines of {self.pp} stages (each stage sharded over the pipelines' ranks of it), {replicas} of each (pipeline, stage)'s shard"
+                if self.pp_shard > 1
+                else f"pipelines of {self.pp} stages{f' x tensor parallel {self.tp}' if self.tp > 1 else ''}, {replicas} of each "
+                + ("(stage, TP rank)'s shard" if self.tp > 1 else "stage's shard")
+            ),
         }[self.mode]
         if self.mode in ("tp", "pp") and self.factor:
             what += f", {self.factor} cop{'y' if self.factor == 1 else 'ies'} of each rank's shard on other nodes every {self.every} step(s)"

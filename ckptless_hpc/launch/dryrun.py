@@ -30,8 +30,9 @@ def placement(cfg: Any) -> List[str]:
     else:
         lines.append(f"state: {layout.describe()}")
         if layout.mode in ("tp", "pp"):
-            inner = int(cfg.parallel.get("tp") or 1) if layout.mode == "pp" or layout.tp_shard > 1 else 1
-            lines += mesh_lines(shape, int(layout.shard_size or 1), lambda r: name(shape.node_of(r)), layout.mode, inner)
+            pp_shard = layout.mode == "pp" and int(cfg.parallel.get("shard_size") or 1) > 1
+            inner = int(cfg.parallel.pp) if pp_shard else int(cfg.parallel.get("tp") or 1) if layout.mode == "pp" or layout.tp_shard > 1 else 1
+            lines += mesh_lines(shape, int(layout.shard_size or 1), lambda r: name(shape.node_of(r)), "pp_shard" if pp_shard else layout.mode, inner)
         holders = layout.place({r: name(shape.node_of(r)) for r in range(shape.world)})
         for owner, hs in sorted(holders.items()):
             if hs:
@@ -42,13 +43,18 @@ def placement(cfg: Any) -> List[str]:
 
 def mesh_lines(shape: Any, tp: int, node_of: Any, mode: str = "tp", stage_tp: int = 1) -> List[str]:
     """The tensor-parallel mesh (replicas x tp), the pipelines (replicas x pp stages) or, with
-    ``stage_tp`` > 1, the pipelines of TP groups (pp x tp: replicas x pp x tp) or the TP groups
-    FSDP2 shards over (tp x shard: replicas x dp_shard x tp), ``tp`` then a replica's ranks: each
-    coordinate's rank and node, and each coordinate's replicas, which hold its shard (the copies
-    that survive a node)."""
+    ``stage_tp`` > 1, the pipelines of TP groups (pp x tp: replicas x pp x tp), the TP groups
+    FSDP2 shards over (tp x shard: replicas x dp_shard x tp) or the pipelines FSDP2 shards each
+    stage over (``mode="pp_shard"``: replicas x dp_shard x pp, ``stage_tp`` the stages), ``tp``
+    then a replica's ranks: each coordinate's rank and node, and each coordinate's replicas,
+    which hold its shard (the copies that survive a node)."""
     replicas = shape.world // tp
     coord, title, c_ = ("TP coordinate", "TP coordinate", "c") if mode == "tp" else ("stage", "Stage", "s")
-    if stage_tp > 1:  # a coordinate is (stage or FSDP shard, TP rank)
+    if mode == "pp_shard":  # a coordinate is (FSDP shard = pipeline, stage)
+        out = [f"mesh: {replicas} replica(s) x dp_shard {tp // stage_tp} x pp {stage_tp} (replica r, FSDP shard d (a pipeline), stage s = rank r*{tp}+d*{stage_tp}+s)"]
+        labels = names = [f"d{c // stage_tp}s{c % stage_tp}" for c in range(tp)]
+        title = "Coordinate"
+    elif stage_tp > 1:  # a coordinate is (stage or FSDP shard, TP rank)
         dim, what = ("pp", "stage") if mode == "pp" else ("dp_shard", "FSDP shard")
         out = [f"mesh: {replicas} replica(s) x {dim} {tp // stage_tp} x tp {stage_tp} (replica r, {what} s, TP rank t = rank r*{tp}+s*{stage_tp}+t)"]
         labels = names = [f"s{c // stage_tp}t{c % stage_tp}" for c in range(tp)]

@@ -146,6 +146,8 @@ class LocalState(OneOptimizer):
 
     sharded = True
     e: Any
+    replica_size = 1  # tp, pp: ranks per replica (replica 0 alone adds the norm's squares)
+    reduced_by_fsdp = False  # pp x shard: FSDP2 reduces the gradients inside the stage's backward
 
     def __init__(self, engine: Any) -> None:
         self.e = engine
@@ -241,7 +243,8 @@ class LocalState(OneOptimizer):
         rank wrote one (a RoPE table or a causal mask never is: no broadcast). One collective a
         step where the loss, the buffers and the norm took three (``python -m bench --only parallel``)."""
         e = self.e
-        self.mean_over_replicas(self.rep_group, (e.world // self.same_batch) * e.micro_batches)  # type: ignore[attr-defined]
+        if not self.reduced_by_fsdp:  # pp x shard: FSDP2 made them the mean in the stage's backward
+            self.mean_over_replicas(self.rep_group, (e.world // self.same_batch) * e.micro_batches)  # type: ignore[attr-defined]
         head = e.reduction()
         written = 1.0 if e.buffers and e.buffers.changed() else 0.0
         total = torch.cat([head, torch.tensor([written, self._norm_squares(comm.rank)], dtype=head.dtype, device=head.device)])
@@ -258,7 +261,7 @@ class LocalState(OneOptimizer):
         rank of a TP group holds them whole); nothing outside replica 0, since every replica holds
         the same reduced gradients (a sum of zeros and one replica's squares: no rounding from
         counting it several times)."""
-        if rank // self.same_batch:  # type: ignore[attr-defined]
+        if rank // self.replica_size:
             return 0.0
         sq = fsdp.local_squares(self.e.model, self.shard_dims)  # type: ignore[attr-defined]
         return float(sq[0]) + (float(sq[1]) if rank % self.tp == 0 else 0.0)  # type: ignore[attr-defined]

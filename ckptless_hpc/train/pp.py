@@ -30,6 +30,14 @@ task's plan (``Task.tp_plan(stage)``) on a 1-D mesh over the TP group (tp.py's, 
 every later generation's group); the state is then its local shards and, in the metadata, the
 dimension each is split along.
 
+pp x shard (``parallel.shard_size=S`` > 1): a replica is ``S`` pipelines of ``P`` consecutive ranks,
+rank ``r*P*S + d*P + s`` stage ``s`` of pipeline ``d``, each pipeline a data rank of its own
+(``rank // P``); each stage is FSDP2-sharded (:class:`.fsdp.FSDPBinding`: the task's units in it,
+then the stage) over the ``S`` ranks holding it, with HSDP's cross-replica mean where there are
+replicas; the groups are :func:`.grouped.form_mesh_groups`' with the pipeline in the TP group's
+place. torch's stage runs FSDP2's reduce-scatter once, after the last micro-batch's backward, and
+the schedule divides the gradients by the micro-batches: no replicate-group sum follows.
+
 A step: a ``torch.distributed.pipelining`` schedule (``parallel.pp_schedule``: ``gpipe``,
 ``1f1b`` or ``interleaved_1f1b``) over a ``PipelineStage`` of each of this rank's modules on the
 pipeline group, with the step's ``train.grad_accum`` micro-batches as its micro-batches: the
@@ -209,7 +217,10 @@ class PPStrategy(LocalState):
         self.schedule_name = str(p.get("pp_schedule", "gpipe"))
         self.virtual = int(p.get("pp_virtual", 1) or 1)  # stages per rank (interleaved_1f1b)
         self.tp = int(p.get("tp") or 1)  # pp x tp: each stage tensor-parallel over tp ranks
-        self.same_batch = same_batch(p)  # the ranks of a replica (its pipelines of TP groups) compute the same batch
+        self.shards = int(p.get("shard_size") or 1)  # pp x shard: pipelines per replica, FSDP2 over each stage's ranks
+        self.same_batch = same_batch(p)  # the ranks of a replica (pp x tp: its pipelines of TP groups; pp x shard: a pipeline) compute the same batch
+        self.replica_size = self.pp * self.tp * self.shards
+        self.binding: Optional[fsdp.FSDPBinding] = None  # pp x shard: FSDP2 over the stage, re-bound at each generation
         self.mesh: Any = None  # pp x tp: the 1-D mesh over the stage's TP group, re-pointed at each generation's
         self.tp_group: Any = None
         self.shard_dims: Dict[str, int] = {}  # pp x tp: the dimension each sharded parameter of this rank's stages is split along
@@ -245,7 +256,9 @@ class PPStrategy(LocalState):
         """The generation's pipeline and replicate groups (train/fsdp.py's hsdp groups; pp x tp:
         and the stage's TP group, train/grouped.py), as ``comm.hsdp``."""
         e = self.e
-        if self.tp > 1:
+        if self.shards > 1:  # the TP groups' place is the pipeline's (consecutive ranks), the pipeline's the FSDP shard group's
+            comm.hsdp = form_mesh_groups(store, comm, self.shards, self.pp, host, timeout_s, e.device, outer="sh")
+        elif self.tp > 1:
             comm.hsdp = form_mesh_groups(store, comm, self.pp, self.tp, host, timeout_s, e.device)
         else:
             comm.hsdp = fsdp.form_hsdp_groups(store, comm.gen, comm.rank, comm.world, self.pp, host, timeout_s, e.device, comm.backend)
@@ -262,6 +275,8 @@ class PPStrategy(LocalState):
         self.pp_group = self.rep_group = self.rep_comm = self.tp_group = None
         if self.mesh is not None:
             unbind_mesh(self.mesh)
+        if self.binding is not None:
+            held += self.binding.unbind()
         return self.release_groups(comm, held)
 
     def bind(self, comm: Any) -> None:
@@ -270,17 +285,26 @@ class PPStrategy(LocalState):
         its pipeline group, around the same modules."""
         e = self.e
         hs = comm.hsdp
-        self.pp_group, self.rep_group, self.rep_comm, self.tp_group = hs.shard, hs.replicate, hs.comms[1], getattr(hs, "tp", None)
+        rep = hs.replicate if e.world > self.replica_size else None  # pp x shard with one replica: no cross-replica mean
+        if self.shards > 1:  # pp x shard: the pipeline is form_mesh_groups' "tp", the stage's FSDP shard group its "sh"
+            self.pp_group, self.rep_group, self.rep_comm = hs.tp, hs.replicate, hs.comms[1]
+            if self.binding is not None:
+                self.binding.rebind(hs.shard, rep)
+        else:
+            self.pp_group, self.rep_group, self.rep_comm, self.tp_group = hs.shard, hs.replicate, hs.comms[1], getattr(hs, "tp", None)
         if self.mesh is not None:
             rebind_mesh(self.mesh, self.tp_group)
         if self.module is None:
             fsdp.stable_default_group(comm.rank, comm.world)
-            self.stage_index = mesh_coordinate(comm.rank, self.pp, self.tp)[1]
+            self.stage_index = comm.rank % self.pp if self.shards > 1 else mesh_coordinate(comm.rank, self.pp, self.tp)[1]
             self.stage_modules = cut_stages(e.task, e.model, self.stage_ids(), self.pp * self.virtual)
             if self.tp > 1:  # each stage parallelized with the task's plan on one mesh over the stage's TP group
                 self.mesh = tp_mesh(self.tp_group, comm.rank, e.device)
                 for m in self.stage_modules:
                     self.shard_dims.update(parallelize(e.task, m, self.mesh))
+            if self.shards > 1:  # FSDP2 over the same stage of the replica's pipelines: the task's units in it, then the stage
+                (stage,) = self.stage_modules
+                self.binding = fsdp.FSDPBinding.shard(stage, hs.shard, rep, units=fsdp.units_for(e.task, stage), rank=comm.rank)
             self.module = self.stage_modules[0] if self.virtual == 1 else Stages(self.stage_modules)
             e.model = e.run_model = self.module
             e.buffers = BufferSync(self.module)  # this rank's stages' buffers, from replica 0's same stages
@@ -292,8 +316,12 @@ class PPStrategy(LocalState):
         for st in stages:
             st.seed = lambda micro, v=st.stage_index: self._seed(data_rank, v, micro)
         kind = schedule_class(self.schedule_name)
-        # scale_grads=False: the gradients stay sums over the micro-batches, made the global mean below
-        self.schedule = kind(stages if self.virtual > 1 else stages[0], n_microbatches=e.micro_batches, loss_fn=self._loss, scale_grads=False)
+        # scale_grads=False: the gradients stay sums over the micro-batches, made the global mean below; pp x shard:
+        # FSDP2 reduces them once, after the last micro-batch (torch's stage), as the mean over its shards and the
+        # replicas (the all-reduce hook), and the schedule divides them by the micro-batches (as torchtitan's)
+        scale = self.shards > 1
+        self.schedule = kind(stages if self.virtual > 1 else stages[0], n_microbatches=e.micro_batches, loss_fn=self._loss, scale_grads=scale)
+        self.reduced_by_fsdp = scale
         self.eval_schedule = self._eval_key = None
         self._names_shared = False
 
@@ -389,7 +417,7 @@ class PPStrategy(LocalState):
         first, last = self.stage_index == 0, self.stage_index == self.pp - 1
         with collectives("evaluation"):
             schedule = self._eval_schedule(x)
-            out = schedule.step(x.to(e.device)) if first else schedule.step()
+            out = schedule.step(x.to(e.device)) if first else schedule.step()  # pp x shard: the stages end resharded (a final state right after is their shards)
             values = [_eval_metrics(e.task, out, y.to(e.device)) if last else None]
             dist.broadcast_object_list(values, group=self.pp_group, group_src=self.pp - 1, device=e.device)
         return values[0]
@@ -407,6 +435,12 @@ class PPStrategy(LocalState):
             schedule = ScheduleLoopedBFS(stages, n_microbatches=1) if self.virtual > 1 else ScheduleGPipe(stages[0], n_microbatches=1)
             self.eval_schedule, self._eval_key = schedule, key  # no loss_fn: forward only
         return self.eval_schedule
+
+    def discard(self) -> None:
+        """After a failed step: pp x shard resets FSDP2's per-iteration state too (fsdp_strategy.py's)."""
+        if self.binding is not None:
+            self.binding.reset()
+        super().discard()
 
 
 def _eval_metrics(task: Any, output: Any, target: Any) -> Dict[str, Any]:

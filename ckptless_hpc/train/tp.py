@@ -108,6 +108,7 @@ class TPStrategy(LocalState):
         super().__init__(engine)
         self.tp = int(engine.cfg.parallel.tp)
         self.same_batch = same_batch(engine.cfg.parallel)  # the ranks of a TP group compute the same batch
+        self.replica_size = self.tp
         self.mesh: Any = None
         self.tp_group: Any = None
         self.rep_group: Any = None

@@ -69,6 +69,10 @@ MODES = {
     # the two nodes, each rank's shard copied to the other node (tp_shard_1), or a replica per node (tp_shard)
     "tp_shard_1": ("parallel=tp", "parallel.tp=2", "parallel.shard_size=2", "cluster.workers_per_node=2", "train.grad_accum=2", "train.clip_grad_norm=0.5"),
     "tp_shard": ("parallel=tp", "parallel.tp=2", "parallel.shard_size=2", "cluster.workers_per_node=4", "train.grad_accum=2", "train.clip_grad_norm=0.5"),
+    # pp x shard: FSDP2 over the same stage of 2 pipelines (rank r*4 + d*2 + s: pipeline d, stage s); one replica over
+    # the two nodes (a pipeline per node), each rank's shard copied to the other node (pp_shard_1), or a replica per node
+    "pp_shard_1": ("parallel=pp", "parallel.pp=2", "parallel.shard_size=2", "cluster.workers_per_node=2", "train.grad_accum=2", "train.clip_grad_norm=0.5"),
+    "pp_shard": ("parallel=pp", "parallel.pp=2", "parallel.shard_size=2", "parallel.pp_schedule=1f1b", "cluster.workers_per_node=4", "train.grad_accum=2", "train.clip_grad_norm=0.5"),
 }
 TP_MODELS = {"llama_tp", "llama_sp", "llama_parallel"}  # the models with a tp_plan
 PP_MODELS = {"llama_pp", "llama_parallel"}  # the models with pipeline stages
@@ -81,7 +85,7 @@ FAULTS = (
 # CI's pairs: every mode and every model; the failures of issue 30: zero with the fused QKV under
 # an update kill (1), fsdp with a complex buffer and a hook that gathers DTensors (2, 3), zero with
 # a tie whose tensor rank 0 does not own (4)
-PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_sp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("pp_tp", "llama_parallel"), ("tp_1", "llama_tp"), ("pp_1", "llama_pp"), ("tp_shard_1", "llama_tp")]
+PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_sp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("pp_tp", "llama_parallel"), ("tp_1", "llama_tp"), ("pp_1", "llama_pp"), ("tp_shard_1", "llama_tp"), ("pp_shard_1", "llama_pp")]
 if os.environ.get("CKPTLESS_ZOO") == "full":
     PAIRS = [
         (mode, model)
@@ -253,7 +257,7 @@ def test_tensor_parallel_and_fsdp_evaluate_save_and_resume_as_data_parallel_does
         assert resumed.summary["final_state_sha256"] == tp.summary["final_state_sha256"], layout
 
 
-@pytest.mark.parametrize("mode", ["pp", "pp_interleaved"])
+@pytest.mark.parametrize("mode", ["pp", "pp_interleaved", "pp_shard_1"])
 def test_a_pipeline_evaluates_as_the_plain_reference_does_and_a_kill_keeps_its_values(mode, job):
     """parallel=pp with train.eval_every and a task whose loss returns a metric of its own: the
     validation batches go forward through the pipeline, the last stage computes the task's metrics

@@ -156,9 +156,33 @@ def test_a_tp_x_shard_layout_that_cannot_work_is_refused_naming_the_field(overri
     assert any(needle in e and "HINT" in e for e in errors), errors
 
 
-def test_fsdp_inside_a_pipeline_stage_is_refused_not_ignored():
-    errors = validation_errors(cfg("parallel=pp", "parallel.pp=2", "parallel.shard_size=2", "cluster.nodes=2", "cluster.workers_per_node=2"), PROBES)
-    assert any("parallel.shard_size=2: parallel=pp has no FSDP inside a stage" in e and "HINT" in e for e in errors), errors
+def test_fsdp_inside_pipeline_stages_lays_a_replica_out_as_pipelines_and_prints_it():
+    """pp x shard: a replica is shard_size pipelines of pp consecutive ranks (rank r*P*S + d*P + s),
+    each pipeline a data rank of its own, FSDP2 over the same stage of every pipeline."""
+    from ckptless_hpc.config import data_world, group_size, same_batch
+    from ckptless_hpc.launch.dryrun import placement
+
+    c = cfg("parallel=pp", "parallel.pp=2", "parallel.shard_size=2", "cluster.nodes=2", "cluster.workers_per_node=4")
+    assert validation_errors(c, PROBES) == []
+    assert (group_size(c.parallel), same_batch(c.parallel), data_world(c)) == (4, 2, 4)
+    lines = placement(c)
+    assert "mesh: 2 replica(s) x dp_shard 2 x pp 2 (replica r, FSDP shard d (a pipeline), stage s = rank r*4+d*2+s)" in lines
+    assert "  replica 1: d0s0=rank 4@local1, d0s1=rank 5@local1, d1s0=rank 6@local1, d1s1=rank 7@local1" in lines
+    assert any("FSDP2 over 2 pipelines of 2 stages" in x for x in lines), lines
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (("parallel.tp=2", "cluster.workers_per_node=8"), "pp x shard x tp, all four dims) is not built"),
+        (("parallel.pp_schedule=interleaved_1f1b", "parallel.pp_virtual=2", "train.grad_accum=4"), "parallel.pp_virtual=2: pp x shard runs one stage per rank"),
+        (("parallel.shard_size=3",), "parallel.pp x parallel.shard_size=6: pp x shard needs a replica (pp x shard_size ranks) that divides the world size 8"),
+    ],
+)
+def test_a_pp_x_shard_layout_that_cannot_work_is_refused_naming_the_field(overrides, needle):
+    c = cfg("parallel=pp", "parallel.pp=2", "parallel.shard_size=2", "cluster.nodes=2", "cluster.workers_per_node=4", *overrides)
+    errors = validation_errors(c, PROBES)
+    assert any(needle in e and "HINT" in e for e in errors), errors
 
 
 def test_the_dry_run_prints_the_mesh_and_where_each_coordinate_lives():
