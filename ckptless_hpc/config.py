@@ -633,13 +633,6 @@ class ParallelConfig:
                 "set parallel.shard_size=2, or null",
             )
             need(
-                not (_is_int(tp) and tp > 1),
-                "parallel.shard_size",
-                shard,
-                "parallel=pp with both parallel.tp and parallel.shard_size (pp x shard x tp, all four dims) is not built",
-                "drop one: parallel.tp=null (pp x shard) or parallel.shard_size=null (pp x tp); or parallel=tp parallel.shard_size=S (tp x shard)",
-            )
-            need(
                 p.get("pp_virtual", 1) in (None, 1),
                 "parallel.pp_virtual",
                 p.get("pp_virtual"),
@@ -647,9 +640,9 @@ class ParallelConfig:
                 "set parallel.pp_virtual=1 and parallel.pp_schedule=gpipe|1f1b",
             )
             if _is_int(shard) and shard >= 2 and _is_int(p.get("pp")):
-                ParallelConfig.check_groups(
-                    group_size(p), r, need, shape, probes, field="parallel.pp x parallel.shard_size", what="pp x shard needs a replica (pp x shard_size ranks)"
-                )
+                dims = "pp x shard_size x tp" if _is_int(tp) and tp > 1 else "pp x shard_size"
+                field = "parallel." + dims.replace(" x ", " x parallel.")
+                ParallelConfig.check_groups(group_size(p), r, need, shape, probes, field=field, what=f"pp x shard needs a replica ({dims} ranks)")
         elif _is_int(tp) and tp > 1 and _is_int(p.get("pp")):  # pp x tp: a replica is pp x tp ranks
             ParallelConfig.check_groups(group_size(p), r, need, shape, probes, field="parallel.pp x parallel.tp", what="pp x tp needs a replica (pp x tp ranks)")
         else:
@@ -966,9 +959,10 @@ def group_size(parallel: Any) -> Optional[int]:
     mode = str(getattr(parallel, "mode", "ddp"))
     if mode == "pp":
         pp, tp, shard = getattr(parallel, "pp", None), getattr(parallel, "tp", None), getattr(parallel, "shard_size", None)
-        if _is_int(pp) and _is_int(shard) and shard > 1:
-            return pp * shard  # pp x shard: a replica's pipelines, FSDP2 over the same stage of each
-        return pp * tp if _is_int(pp) and _is_int(tp) and tp > 1 else pp
+        inner = pp * tp if _is_int(pp) and _is_int(tp) and tp > 1 else pp  # a pipeline (pp x tp: of TP groups)
+        if _is_int(inner) and _is_int(shard) and shard > 1:
+            return inner * shard  # pp x shard (x tp): a replica's pipelines, FSDP2 over the same stage of each
+        return inner
     if mode == "tp":
         tp, shard = getattr(parallel, "tp", None), getattr(parallel, "shard_size", None)
         return tp * shard if _is_int(tp) and _is_int(shard) and shard > 1 else tp
@@ -982,7 +976,7 @@ def same_batch(parallel: Any) -> int:
     mode = str(getattr(parallel, "mode", "ddp"))
     shard = getattr(parallel, "shard_size", None)
     if mode == "pp" and _is_int(shard) and shard > 1:
-        size = getattr(parallel, "pp", None)
+        size = group_size(parallel) // shard  # a pipeline (of TP groups)
     else:
         size = getattr(parallel, "tp", None) if mode == "tp" else group_size(parallel) if mode == "pp" else None
     return int(size) if _is_int(size) and size >= 1 else 1

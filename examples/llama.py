@@ -21,6 +21,10 @@ grouped-query attention, a complex64 RoPE cache as a non-persistent buffer; the 
 
     python -m ckptless_hpc '~task' +task._target_=examples.llama.LlamaParallelTask parallel=pp parallel.pp=2 parallel.shard_size=2 train.grad_accum=2 cluster.nodes=2 cluster.workers_per_node=4
 
+  all four dims (replicas x pp x shard x tp): two pipelines of 2 stages, each stage TP 2 and FSDP2 over the pipelines::
+
+    python -m ckptless_hpc '~task' +task._target_=examples.llama.LlamaParallelTask parallel=pp parallel.pp=2 parallel.shard_size=2 parallel.tp=2 train.grad_accum=2 cluster.nodes=2 cluster.workers_per_node=8
+
   tensor parallel with three replicas, a killed rank refilled from another replica::
 
     python -m ckptless_hpc '~task' +task._target_=examples.llama.LlamaParallelTask parallel=tp parallel.tp=2 cluster.nodes=3 cluster.workers_per_node=2 fault=kill_worker fault.rank=3 fault.step=5

@@ -57,7 +57,8 @@ class Layout:
                 else f"tensor parallel in groups of {self.shard_size}, {replicas} of each TP coordinate's shard"
             ),
             "pp": (
-                f"FSDP2 over {self.pp_shard} pipelines of {self.pp} stages (each stage sharded over the pipelines' ranks of it), {replicas} of each (pipeline, stage)'s shard"
+                f"FSDP2 over {self.pp_shard} pipelines of {self.pp} stages{f' x tensor parallel {self.tp}' if self.tp > 1 else ''} (each stage sharded over "
+                f"the pipelines' ranks of it), {replicas} of each (pipeline, stage{', TP rank' if self.tp > 1 else ''})'s shard"
                 if self.pp_shard > 1
                 else f"pipelines of {self.pp} stages{f' x tensor parallel {self.tp}' if self.tp > 1 else ''}, {replicas} of each "
                 + ("(stage, TP rank)'s shard" if self.tp > 1 else "stage's shard")

@@ -31,8 +31,9 @@ def placement(cfg: Any) -> List[str]:
         lines.append(f"state: {layout.describe()}")
         if layout.mode in ("tp", "pp"):
             pp_shard = layout.mode == "pp" and int(cfg.parallel.get("shard_size") or 1) > 1
-            inner = int(cfg.parallel.pp) if pp_shard else int(cfg.parallel.get("tp") or 1) if layout.mode == "pp" or layout.tp_shard > 1 else 1
-            lines += mesh_lines(shape, int(layout.shard_size or 1), lambda r: name(shape.node_of(r)), "pp_shard" if pp_shard else layout.mode, inner)
+            tp = int(cfg.parallel.get("tp") or 1)
+            inner = int(cfg.parallel.pp) * tp if pp_shard else tp if layout.mode == "pp" or layout.tp_shard > 1 else 1
+            lines += mesh_lines(shape, int(layout.shard_size or 1), lambda r: name(shape.node_of(r)), "pp_shard" if pp_shard else layout.mode, inner, tp if pp_shard else 1)
         holders = layout.place({r: name(shape.node_of(r)) for r in range(shape.world)})
         for owner, hs in sorted(holders.items()):
             if hs:
@@ -41,16 +42,23 @@ def placement(cfg: Any) -> List[str]:
     return lines
 
 
-def mesh_lines(shape: Any, tp: int, node_of: Any, mode: str = "tp", stage_tp: int = 1) -> List[str]:
+def mesh_lines(shape: Any, tp: int, node_of: Any, mode: str = "tp", stage_tp: int = 1, pipe_tp: int = 1) -> List[str]:
     """The tensor-parallel mesh (replicas x tp), the pipelines (replicas x pp stages) or, with
     ``stage_tp`` > 1, the pipelines of TP groups (pp x tp: replicas x pp x tp), the TP groups
     FSDP2 shards over (tp x shard: replicas x dp_shard x tp) or the pipelines FSDP2 shards each
-    stage over (``mode="pp_shard"``: replicas x dp_shard x pp, ``stage_tp`` the stages), ``tp``
+    stage over (``mode="pp_shard"``: replicas x dp_shard x pp (x tp ``pipe_tp``), ``stage_tp`` a pipeline's ranks), ``tp``
     then a replica's ranks: each coordinate's rank and node, and each coordinate's replicas,
     which hold its shard (the copies that survive a node)."""
     replicas = shape.world // tp
     coord, title, c_ = ("TP coordinate", "TP coordinate", "c") if mode == "tp" else ("stage", "Stage", "s")
-    if mode == "pp_shard":  # a coordinate is (FSDP shard = pipeline, stage)
+    if mode == "pp_shard" and pipe_tp > 1:  # a coordinate is (FSDP shard = pipeline, stage, TP rank)
+        out = [
+            f"mesh: {replicas} replica(s) x dp_shard {tp // stage_tp} x pp {stage_tp // pipe_tp} x tp {pipe_tp} "
+            f"(replica r, FSDP shard d (a pipeline), stage s, TP rank t = rank r*{tp}+d*{stage_tp}+s*{pipe_tp}+t)"
+        ]
+        labels = names = [f"d{c // stage_tp}s{c % stage_tp // pipe_tp}t{c % pipe_tp}" for c in range(tp)]
+        title = "Coordinate"
+    elif mode == "pp_shard":  # a coordinate is (FSDP shard = pipeline, stage)
         out = [f"mesh: {replicas} replica(s) x dp_shard {tp // stage_tp} x pp {stage_tp} (replica r, FSDP shard d (a pipeline), stage s = rank r*{tp}+d*{stage_tp}+s)"]
         labels = names = [f"d{c // stage_tp}s{c % stage_tp}" for c in range(tp)]
         title = "Coordinate"

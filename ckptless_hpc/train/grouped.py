@@ -86,6 +86,7 @@ class MeshGroups(fsdp.HSDPGroups):
     same TP rank of every TP group of the replica); ``extra`` what :meth:`groups` adds for release."""
 
     tp: Any = None
+    pipe: Any = None  # pp x shard x tp: the pipeline (same replica, pipeline and TP rank)
     extra: List[Any] = field(default_factory=list)
 
     def groups(self) -> List[Any]:
@@ -114,12 +115,40 @@ def form_mesh_groups(store: Any, comm: Any, pp: int, tp: int, host: str, timeout
         (f"rep{s}_{t}", list(range(s * tp + t, comm.world, size))),
         (f"tp{r}_{s}", [r * size + s * tp + i for i in range(tp)]),
     ]
+    comms, pgs = _form_kinds(store, comm, kinds, host, timeout_s, device)
+    return MeshGroups(pgs[0], pgs[1], s * tp + t, r, comms[:2], tp=pgs[2], extra=[pgs[2], comms[2]])
+
+
+def form_pp_shard_tp_groups(store: Any, comm: Any, pp: int, shards: int, tp: int, host: str, timeout_s: float, device: torch.device) -> MeshGroups:
+    """Generation ``comm.gen``'s pp x shard x tp groups (all four dims: rank ``r*S*P*T + d*P*T +
+    s*T + t`` is TP rank ``t`` of stage ``s`` of pipeline ``d`` of replica ``r``), formed as
+    :func:`form_mesh_groups`' are: the stage's FSDP shard group (same replica, stage and TP rank:
+    ``shard``), the replicate group, the stage's TP group (consecutive: ``tp``) and the pipeline
+    (same replica, pipeline and TP rank: ``pipe``)."""
+    size, inner = shards * pp * tp, pp * tp
+    r, c = divmod(comm.rank, size)
+    d, st = divmod(c, inner)
+    s, t = divmod(st, tp)
+    base = r * size
+    kinds = [
+        (f"sh{r}_{s}_{t}", [base + i * inner + s * tp + t for i in range(shards)]),
+        (f"rep{c}", list(range(c, comm.world, size))),
+        (f"tp{r}_{d}_{s}", [base + d * inner + s * tp + i for i in range(tp)]),
+        (f"pp{r}_{d}_{t}", [base + d * inner + i * tp + t for i in range(pp)]),
+    ]
+    comms, pgs = _form_kinds(store, comm, kinds, host, timeout_s, device)
+    return MeshGroups(pgs[0], pgs[1], c, r, comms[:2], tp=pgs[2], pipe=pgs[3], extra=[pgs[2], pgs[3], comms[2], comms[3]])
+
+
+def _form_kinds(store: Any, comm: Any, kinds: List[Tuple[str, List[int]]], host: str, timeout_s: float, device: torch.device) -> Tuple[List[Any], List[Any]]:
+    """Each ``(kind, global ranks)`` group this rank is in, formed by ``Communicator.form`` on its
+    own prefix of the job store and registered as ``gen<g>/<kind>``: (communicators, groups)."""
     comms, pgs = [], []
     for kind, ranks in kinds:
         c = Communicator.form(dist.PrefixStore(f"mesh/{kind}", store), comm.gen, ranks.index(comm.rank), len(ranks), host, timeout_s, device, comm.backend)
         comms.append(c)
         pgs.append(fsdp.register_group(c, f"gen{comm.gen}/{kind}", ranks))
-    return MeshGroups(pgs[0], pgs[1], s * tp + t, r, comms[:2], tp=pgs[2], extra=[pgs[2], comms[2]])
+    return comms, pgs
 
 
 def gradient_buckets(grads: List[torch.Tensor], limit_bytes: int) -> List[List[torch.Tensor]]:

@@ -38,6 +38,11 @@ replicas; the groups are :func:`.grouped.form_mesh_groups`' with the pipeline in
 place. torch's stage runs FSDP2's reduce-scatter once, after the last micro-batch's backward, and
 the schedule divides the gradients by the micro-batches: no replicate-group sum follows.
 
+All four dims (``shard_size=S`` and ``tp=T``): rank ``r*S*P*T + d*P*T + s*T + t``; the stage is made
+tensor parallel on the ``tp`` dim of a 2-D ``(dp_shard, tp)`` mesh over its ranks in the replica, then
+FSDP2-sharded on its ``dp_shard`` dim (as tp.py's ``TPShardStrategy`` does the whole model); the
+groups are :func:`.grouped.form_pp_shard_tp_groups`'.
+
 A step: a ``torch.distributed.pipelining`` schedule (``parallel.pp_schedule``: ``gpipe``,
 ``1f1b`` or ``interleaved_1f1b``) over a ``PipelineStage`` of each of this rank's modules on the
 pipeline group, with the step's ``train.grad_accum`` micro-batches as its micro-batches: the
@@ -93,9 +98,9 @@ from . import fsdp
 from ..tasks.base import mix_seed, seed_global
 from .data import forward_seed
 from .evaluation import split_loss
-from .grouped import LocalState, collectives, form_mesh_groups, mesh_coordinate
+from . import torch_private as P
+from .grouped import LocalState, collectives, form_mesh_groups, form_pp_shard_tp_groups
 from .replicated import BufferSync
-from .torch_private import rebind_mesh, unbind_mesh
 from .tp import parallelize, tp_mesh
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}  # parallel.pp_schedule: torch's class
@@ -221,7 +226,8 @@ class PPStrategy(LocalState):
         self.same_batch = same_batch(p)  # the ranks of a replica (pp x tp: its pipelines of TP groups; pp x shard: a pipeline) compute the same batch
         self.replica_size = self.pp * self.tp * self.shards
         self.binding: Optional[fsdp.FSDPBinding] = None  # pp x shard: FSDP2 over the stage, re-bound at each generation
-        self.mesh: Any = None  # pp x tp: the 1-D mesh over the stage's TP group, re-pointed at each generation's
+        self.mesh: Any = None  # pp x tp: the 1-D mesh over the stage's TP group, re-pointed at each generation's (x shard: the 2-D (dp_shard, tp) mesh)
+        self.tp_mesh: Any = None  # pp x shard x tp: the 2-D mesh's tp slice (the plan's)
         self.tp_group: Any = None
         self.shard_dims: Dict[str, int] = {}  # pp x tp: the dimension each sharded parameter of this rank's stages is split along
         self.stage_index = -1
@@ -250,13 +256,25 @@ class PPStrategy(LocalState):
 
     # ------------------------------------------------------------------ generations (cut to its stage, and given its optimizer, at the first bind)
     def meta_extra(self) -> Dict[str, Any]:
-        return {"shard_dims": dict(self.shard_dims)} if self.tp > 1 else {}  # what the export joins the TP shards along
+        """What the export joins the TP shards along (pp x tp), and the FSDP2 shards of each TP rank's part (x shard)."""
+        if self.tp == 1:
+            return {}
+        return {"shard_dims": dict(self.shard_dims), **({"fsdp_shards": self.shards} if self.shards > 1 else {})}
+
+    def meshes(self) -> List[Any]:
+        """Every mesh the stage's DTensors and hooks hold: pp x tp's 1-D TP mesh; pp x shard x tp's
+        2-D mesh, its tp slice and FSDP2's (pp x shard alone: the binding re-points its own)."""
+        if self.mesh is None:
+            return []
+        return [self.mesh, self.tp_mesh, *P.fsdp_param_meshes(self.module)] if self.binding is not None else [self.mesh]
 
     def form_groups(self, store: Any, comm: Any, host: str, timeout_s: float) -> None:
         """The generation's pipeline and replicate groups (train/fsdp.py's hsdp groups; pp x tp:
         and the stage's TP group, train/grouped.py), as ``comm.hsdp``."""
         e = self.e
-        if self.shards > 1:  # the TP groups' place is the pipeline's (consecutive ranks), the pipeline's the FSDP shard group's
+        if self.shards > 1 and self.tp > 1:
+            comm.hsdp = form_pp_shard_tp_groups(store, comm, self.pp, self.shards, self.tp, host, timeout_s, e.device)
+        elif self.shards > 1:  # the TP groups' place is the pipeline's (consecutive ranks), the pipeline's the FSDP shard group's
             comm.hsdp = form_mesh_groups(store, comm, self.shards, self.pp, host, timeout_s, e.device, outer="sh")
         elif self.tp > 1:
             comm.hsdp = form_mesh_groups(store, comm, self.pp, self.tp, host, timeout_s, e.device)
@@ -273,8 +291,8 @@ class PPStrategy(LocalState):
         held = [self.schedule, self.eval_schedule]
         self.schedule = self.eval_schedule = None
         self.pp_group = self.rep_group = self.rep_comm = self.tp_group = None
-        if self.mesh is not None:
-            unbind_mesh(self.mesh)
+        for m in self.meshes():
+            P.unbind_mesh(m)
         if self.binding is not None:
             held += self.binding.unbind()
         return self.release_groups(comm, held)
@@ -286,25 +304,36 @@ class PPStrategy(LocalState):
         e = self.e
         hs = comm.hsdp
         rep = hs.replicate if e.world > self.replica_size else None  # pp x shard with one replica: no cross-replica mean
-        if self.shards > 1:  # pp x shard: the pipeline is form_mesh_groups' "tp", the stage's FSDP shard group its "sh"
-            self.pp_group, self.rep_group, self.rep_comm = hs.tp, hs.replicate, hs.comms[1]
+        if self.shards > 1:  # pp x shard: the pipeline is form_mesh_groups' "tp" (x tp: "pipe"), the stage's FSDP shard group its "sh"
+            self.pp_group, self.rep_group, self.rep_comm = hs.pipe if self.tp > 1 else hs.tp, hs.replicate, hs.comms[1]
+            self.tp_group = hs.tp if self.tp > 1 else None
             if self.binding is not None:
+                for m in self.meshes():
+                    P.point_mesh(m, {"dp_shard": hs.shard, "tp": hs.tp})
                 self.binding.rebind(hs.shard, rep)
         else:
             self.pp_group, self.rep_group, self.rep_comm, self.tp_group = hs.shard, hs.replicate, hs.comms[1], getattr(hs, "tp", None)
-        if self.mesh is not None:
-            rebind_mesh(self.mesh, self.tp_group)
+            if self.mesh is not None:
+                P.rebind_mesh(self.mesh, self.tp_group)
         if self.module is None:
             fsdp.stable_default_group(comm.rank, comm.world)
-            self.stage_index = comm.rank % self.pp if self.shards > 1 else mesh_coordinate(comm.rank, self.pp, self.tp)[1]
+            self.stage_index = comm.rank % (self.pp * self.tp) // self.tp  # rank r*S*P*T + d*P*T + s*T + t (S, T: 1 when unset)
             self.stage_modules = cut_stages(e.task, e.model, self.stage_ids(), self.pp * self.virtual)
-            if self.tp > 1:  # each stage parallelized with the task's plan on one mesh over the stage's TP group
+            if self.shards > 1:  # FSDP2 over the same stage of the replica's pipelines: the task's units in it, then the stage
+                (stage,) = self.stage_modules
+                mesh = None
+                if self.tp > 1:  # x tp: the task's plan on the tp dim of a 2-D (dp_shard, tp) mesh over the stage's ranks, FSDP2 on its dp_shard dim
+                    base, inner = comm.rank - comm.rank % self.replica_size, self.pp * self.tp
+                    rows = [[base + d * inner + self.stage_index * self.tp + t for t in range(self.tp)] for d in range(self.shards)]
+                    self.mesh = P.mesh_2d(rows, ("dp_shard", "tp"), comm.rank, e.device.type, {"dp_shard": hs.shard, "tp": hs.tp})
+                    self.tp_mesh = self.mesh["tp"]
+                    self.shard_dims.update(parallelize(e.task, stage, self.tp_mesh))
+                    mesh = self.mesh["dp_shard"]
+                self.binding = fsdp.FSDPBinding.shard(stage, hs.shard, rep, units=fsdp.units_for(e.task, stage), rank=comm.rank, mesh=mesh)
+            elif self.tp > 1:  # each stage parallelized with the task's plan on one mesh over the stage's TP group
                 self.mesh = tp_mesh(self.tp_group, comm.rank, e.device)
                 for m in self.stage_modules:
                     self.shard_dims.update(parallelize(e.task, m, self.mesh))
-            if self.shards > 1:  # FSDP2 over the same stage of the replica's pipelines: the task's units in it, then the stage
-                (stage,) = self.stage_modules
-                self.binding = fsdp.FSDPBinding.shard(stage, hs.shard, rep, units=fsdp.units_for(e.task, stage), rank=comm.rank)
             self.module = self.stage_modules[0] if self.virtual == 1 else Stages(self.stage_modules)
             e.model = e.run_model = self.module
             e.buffers = BufferSync(self.module)  # this rank's stages' buffers, from replica 0's same stages

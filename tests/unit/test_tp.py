@@ -171,10 +171,24 @@ def test_fsdp_inside_pipeline_stages_lays_a_replica_out_as_pipelines_and_prints_
     assert any("FSDP2 over 2 pipelines of 2 stages" in x for x in lines), lines
 
 
+def test_all_four_dims_lay_a_pipeline_of_tp_groups_out_as_one_fsdp_rank():
+    """replicas x pp x shard x tp: rank r*S*P*T + d*P*T + s*T + t; a pipeline of TP groups (P*T
+    consecutive ranks) computes one batch, FSDP2 over the same (stage, TP rank) of each pipeline."""
+    from ckptless_hpc.config import data_world, group_size, same_batch
+    from ckptless_hpc.launch.dryrun import placement
+
+    c = cfg("parallel=pp", "parallel.pp=2", "parallel.shard_size=2", "parallel.tp=2", "cluster.nodes=2", "cluster.workers_per_node=8")
+    assert validation_errors(c, PROBES) == []
+    assert (group_size(c.parallel), same_batch(c.parallel), data_world(c)) == (8, 4, 4)
+    lines = placement(c)
+    assert "mesh: 2 replica(s) x dp_shard 2 x pp 2 x tp 2 (replica r, FSDP shard d (a pipeline), stage s, TP rank t = rank r*8+d*4+s*2+t)" in lines
+    assert "  replica 1: d0s0t0=rank 8@local1, d0s0t1=rank 9@local1, d0s1t0=rank 10@local1, d0s1t1=rank 11@local1, d1s0t0=rank 12@local1, d1s0t1=rank 13@local1, d1s1t0=rank 14@local1, d1s1t1=rank 15@local1" in lines
+
+
 @pytest.mark.parametrize(
     "overrides, needle",
     [
-        (("parallel.tp=2", "cluster.workers_per_node=8"), "pp x shard x tp, all four dims) is not built"),
+        (("parallel.tp=2", "cluster.workers_per_node=6"), "parallel.pp x parallel.shard_size x parallel.tp=8: pp x shard needs a replica (pp x shard_size x tp ranks) that divides the world size 12"),
         (("parallel.pp_schedule=interleaved_1f1b", "parallel.pp_virtual=2", "train.grad_accum=4"), "parallel.pp_virtual=2: pp x shard runs one stage per rank"),
         (("parallel.shard_size=3",), "parallel.pp x parallel.shard_size=6: pp x shard needs a replica (pp x shard_size ranks) that divides the world size 8"),
     ],
