@@ -225,6 +225,7 @@ class PPStrategy(LocalState):
         self.shards = int(p.get("shard_size") or 1)  # pp x shard: pipelines per replica, FSDP2 over each stage's ranks
         self.same_batch = same_batch(p)  # the ranks of a replica (pp x tp: its pipelines of TP groups; pp x shard: a pipeline) compute the same batch
         self.replica_size = self.pp * self.tp * self.shards
+        self.reduced_by_fsdp = self.shards > 1  # FSDP2 reduces the gradients in the stage's backward (and the schedule divides them)
         self.binding: Optional[fsdp.FSDPBinding] = None  # pp x shard: FSDP2 over the stage, re-bound at each generation
         self.mesh: Any = None  # pp x tp: the 1-D mesh over the stage's TP group, re-pointed at each generation's (x shard: the 2-D (dp_shard, tp) mesh)
         self.tp_mesh: Any = None  # pp x shard x tp: the 2-D mesh's tp slice (the plan's)
@@ -348,9 +349,7 @@ class PPStrategy(LocalState):
         # scale_grads=False: the gradients stay sums over the micro-batches, made the global mean below; pp x shard:
         # FSDP2 reduces them once, after the last micro-batch (torch's stage), as the mean over its shards and the
         # replicas (the all-reduce hook), and the schedule divides them by the micro-batches (as torchtitan's)
-        scale = self.shards > 1
-        self.schedule = kind(stages if self.virtual > 1 else stages[0], n_microbatches=e.micro_batches, loss_fn=self._loss, scale_grads=scale)
-        self.reduced_by_fsdp = scale
+        self.schedule = kind(stages if self.virtual > 1 else stages[0], n_microbatches=e.micro_batches, loss_fn=self._loss, scale_grads=self.reduced_by_fsdp)
         self.eval_schedule = self._eval_key = None
         self._names_shared = False
 
