@@ -189,7 +189,7 @@ def test_a_pipelines_schedule_and_communicators_backends_go_in_the_release_threa
 
     released = []
     pp = object.__new__(PPStrategy)
-    pp.schedule, pp.eval_schedule, pp.mesh = _Group(released), None, None
+    pp.schedule, pp.eval_schedule, pp.mesh, pp.binding = _Group(released), None, None, None
     pp.e = SimpleNamespace(comm=None)
     comm = object.__new__(Communicator)
     comm.pg, comm.hsdp = _Group(released), None
