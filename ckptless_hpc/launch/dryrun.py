@@ -30,10 +30,11 @@ def placement(cfg: Any) -> List[str]:
     else:
         lines.append(f"state: {layout.describe()}")
         if layout.mode in ("tp", "pp"):
-            pp_shard = layout.mode == "pp" and int(cfg.parallel.get("shard_size") or 1) > 1
-            tp = int(cfg.parallel.get("tp") or 1)
-            inner = int(cfg.parallel.pp) * tp if pp_shard else tp if layout.mode == "pp" or layout.tp_shard > 1 else 1
-            lines += mesh_lines(shape, int(layout.shard_size or 1), lambda r: name(shape.node_of(r)), "pp_shard" if pp_shard else layout.mode, inner, tp if pp_shard else 1)
+            if layout.pp_shard > 1:  # a coordinate is (pipeline, stage[, TP rank]): a pipeline's ranks inside
+                lines += mesh_lines(shape, int(layout.shard_size), lambda r: name(shape.node_of(r)), "pp_shard", layout.pp * layout.tp, layout.tp)
+            else:
+                inner = int(cfg.parallel.get("tp") or 1) if layout.mode == "pp" or layout.tp_shard > 1 else 1
+                lines += mesh_lines(shape, int(layout.shard_size or 1), lambda r: name(shape.node_of(r)), layout.mode, inner)
         holders = layout.place({r: name(shape.node_of(r)) for r in range(shape.world)})
         for owner, hs in sorted(holders.items()):
             if hs:
@@ -51,16 +52,13 @@ def mesh_lines(shape: Any, tp: int, node_of: Any, mode: str = "tp", stage_tp: in
     which hold its shard (the copies that survive a node)."""
     replicas = shape.world // tp
     coord, title, c_ = ("TP coordinate", "TP coordinate", "c") if mode == "tp" else ("stage", "Stage", "s")
-    if mode == "pp_shard" and pipe_tp > 1:  # a coordinate is (FSDP shard = pipeline, stage, TP rank)
-        out = [
-            f"mesh: {replicas} replica(s) x dp_shard {tp // stage_tp} x pp {stage_tp // pipe_tp} x tp {pipe_tp} "
-            f"(replica r, FSDP shard d (a pipeline), stage s, TP rank t = rank r*{tp}+d*{stage_tp}+s*{pipe_tp}+t)"
-        ]
-        labels = names = [f"d{c // stage_tp}s{c % stage_tp // pipe_tp}t{c % pipe_tp}" for c in range(tp)]
-        title = "Coordinate"
-    elif mode == "pp_shard":  # a coordinate is (FSDP shard = pipeline, stage)
-        out = [f"mesh: {replicas} replica(s) x dp_shard {tp // stage_tp} x pp {stage_tp} (replica r, FSDP shard d (a pipeline), stage s = rank r*{tp}+d*{stage_tp}+s)"]
-        labels = names = [f"d{c // stage_tp}s{c % stage_tp}" for c in range(tp)]
+    if mode == "pp_shard":  # a coordinate is (FSDP shard = pipeline, stage[, TP rank])
+        dims, rank_of = f"pp {stage_tp // pipe_tp}", f"d*{stage_tp}+s"
+        if pipe_tp > 1:
+            dims, rank_of = f"{dims} x tp {pipe_tp}", f"d*{stage_tp}+s*{pipe_tp}+t"
+        what = "stage s, TP rank t" if pipe_tp > 1 else "stage s"
+        out = [f"mesh: {replicas} replica(s) x dp_shard {tp // stage_tp} x {dims} (replica r, FSDP shard d (a pipeline), {what} = rank r*{tp}+{rank_of})"]
+        labels = names = [f"d{c // stage_tp}s{c % stage_tp // pipe_tp}" + (f"t{c % pipe_tp}" if pipe_tp > 1 else "") for c in range(tp)]
         title = "Coordinate"
     elif stage_tp > 1:  # a coordinate is (stage or FSDP shard, TP rank)
         dim, what = ("pp", "stage") if mode == "pp" else ("dp_shard", "FSDP shard")
