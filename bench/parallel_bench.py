@@ -16,6 +16,10 @@
    state. Each faulted run's ``final_state_sha256`` is checked against its fault-free run's (the
    oracle: for TP and PP the first pair's ckptless run, whose config differs only by the fault);
    a fault that never fired is an error, not a result.
+3. ``--interleave TURNS`` (the step comparison alone): the ckptless_hpc job and the plain run
+   alive at once, taking turns of ``--block`` steps (bench/gate.py), so that each turn's two
+   figures are seconds apart instead of a run apart; the overhead is the median of the turns'
+   ratios, with its interval.
 
 Every run is a real job (``python -m ckptless_hpc``) or 4 real plain processes; nothing is
 simulated. Writes ``bench/results/only-parallel.json`` (``--quick``: ``quick-parallel.json``),
@@ -32,10 +36,11 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 if __package__ in (None, ""):  # python bench/parallel_bench.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -96,9 +101,11 @@ def _env() -> Dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(REPO)] + ([path] if path else []))}
 
 
-def overrides(plan: Plan, mode: str, fault: bool = False) -> List[str]:
-    """The ckptless_hpc command line of one run: ``mode`` is tp, pp, ddp or ddp_whole; ``fault``: rank 3 killed at ``plan.fault_step``."""
-    task = ["~task", f"+task._target_={TASK}"] + [f"+task.{k}={v}" for k, v in plan.task.items()]
+def overrides(plan: Plan, mode: str, fault: bool = False, gate: Optional[Path] = None) -> List[str]:
+    """The ckptless_hpc command line of one run: ``mode`` is tp, pp, ddp or ddp_whole; ``fault``: rank 3 killed at ``plan.fault_step``;
+    ``gate``: the same task behind bench/gate.py's gate at that path (--interleave)."""
+    target = [f"+task._target_={TASK}"] if gate is None else ["+task._target_=bench.gate.GatedLlamaParallelTask", f"+task.gate={gate}"]
+    task = ["~task", *target] + [f"+task.{k}={v}" for k, v in plan.task.items()]
     par = {
         "tp": ["parallel=tp", "parallel.tp=2"],
         "pp": ["parallel=pp", "parallel.pp=2", "parallel.pp_schedule=gpipe", f"train.grad_accum={plan.micro_batches}"],
@@ -133,8 +140,9 @@ class PlainRun:
         return next((e["loss"] for e in self.events if e["ev"] == "final_loss"), None)
 
 
-def run_plain(run_dir: Path, plan: Plan, mode: str, world: int = 4, seed: int = 0) -> PlainRun:
-    """``world`` plain processes (bench/plain_parallel_worker.py) of ``mode`` (tp or pp), to the end; their CPU sampled."""
+def run_plain(run_dir: Path, plan: Plan, mode: str, world: int = 4, seed: int = 0, gate: Optional[Path] = None) -> PlainRun:
+    """``world`` plain processes (bench/plain_parallel_worker.py) of ``mode`` (tp or pp), to the end; their CPU sampled
+    (``gate``: each rank stops at bench/gate.py's gate at that path after each step)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     store = free_port_store()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **_env())
@@ -146,7 +154,7 @@ def run_plain(run_dir: Path, plan: Plan, mode: str, world: int = 4, seed: int = 
                 sys.executable, "-m", "bench.plain_parallel_worker", "--mode", mode, "--rank", str(r), "--world", str(world),
                 "--store", f"127.0.0.1:{store.port}", "--prefix", "plain", "--task", json.dumps(plan.task), "--steps", str(plan.steps),
                 "--micro", str(plan.micro_batches), "--seed", str(seed), "--clip", str(CLIP), "--events", str(run_dir / f"r{r}.jsonl"),
-            ]  # fmt: skip
+            ] + (["--gate", str(gate)] if gate is not None else [])  # fmt: skip
             with open(run_dir / f"r{r}.log", "wb") as out:
                 procs.append(subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env))
         deadline = time.monotonic() + plan.job_timeout_s
@@ -349,6 +357,153 @@ def measure(quick: bool, tmp: Optional[Path] = None, plan_name: Optional[str] = 
     return out
 
 
+# ------------------------------------------------------------------------------ interleaved
+def _in_thread(fn: Callable[[], Any]) -> Tuple[threading.Thread, Dict[str, Any]]:
+    """``fn()`` in a thread; its result or its exception lands in the dict."""
+    out: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = fn()
+        except BaseException as e:  # noqa: BLE001  (re-raised by the harness)
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def _cores_within(samples: List[tuple], windows: List[Tuple[float, float]], match: Callable[[str], bool]) -> float:
+    """CPU seconds per second of the sampled processes whose command line satisfies ``match``, within ``windows``
+    (each from its first sample to its last; windows with fewer than 2 samples are left out)."""
+    cpu = span = 0.0
+    for lo, hi in windows:
+        inside = [x for x in samples if lo <= x[0] <= hi]
+        if len(inside) < 2:
+            continue
+        (t1, a), (t2, b) = inside[0], inside[-1]
+        cpu += sum(b[p][0] - a[p][0] for p in b if p in a and match(b[p][1]))
+        span += t2 - t1
+    return cpu / span if span > 0 else float("nan")
+
+
+def interleaved(runs: "_Runs", plan: Plan, mode: str, blocks: int, block: int) -> Dict[str, Any]:
+    """One ckptless_hpc job and one plain run of ``mode`` alive at once, taking turns by ``block`` steps
+    (bench/gate.py): per block the ratio of the two medians of clean step intervals, every rank's; the
+    turns alternate which side goes first (ABBA), so a drift within a block touches both alike."""
+    from . import gate as G
+
+    steps = plan.skip_steps + blocks * block
+    p = dataclasses.replace(plan, steps=steps)
+    d = runs.dir(f"{mode}-interleaved")
+    gates = d / "gate"
+    gates.mkdir(parents=True)
+    ck_gate, pl_gate = gates / "ckptless", gates / "plain"
+    for g in (ck_gate, pl_gate):
+        G.allow(g, plan.skip_steps)
+    t0 = time.monotonic()
+    ck_t, ck = _in_thread(lambda: run_ckptless(d / "ckptless", overrides(p, mode, gate=ck_gate), timeout_s=plan.job_timeout_s + 30 * blocks, sample_cpu=True, env=_env()))
+    pl_t, pl = _in_thread(lambda: run_plain(d / "plain", dataclasses.replace(p, job_timeout_s=plan.job_timeout_s + 30 * blocks), mode, gate=pl_gate))
+
+    def alive() -> bool:
+        return ck_t.is_alive() and pl_t.is_alive()
+
+    per_block: List[Tuple[List[float], List[float]]] = []
+    turns: Dict[Path, List[Tuple[float, float]]] = {ck_gate: [], pl_gate: []}  # each side's turns (time.time())
+    try:
+        for g in (ck_gate, pl_gate):
+            G.wait_parked(g, 4, plan.skip_steps, plan.job_timeout_s, alive)
+        done = plan.skip_steps
+        for k in range(blocks):
+            for g in (ck_gate, pl_gate) if k % 2 == 0 else (pl_gate, ck_gate):
+                t_turn = time.time()
+                G.allow(g, done + block)
+                G.wait_parked(g, 4, done + block, plan.job_timeout_s, alive)
+                turns[g].append((t_turn, time.time()))
+            per_block.append((G.block_intervals(ck_gate, done, done + block), G.block_intervals(pl_gate, done, done + block)))
+            done += block
+    except TimeoutError as e:
+        if alive():
+            raise BenchError(f"{mode} interleaved: {e} (see {d})") from None
+    finally:
+        for g in (ck_gate, pl_gate):
+            G.allow(g, 1 << 30)
+        ck_t.join()
+        pl_t.join()
+    for side, out in (("ckptless", ck), ("plain", pl)):
+        if "error" in out:
+            raise BenchError(f"{mode} interleaved, the {side} side: {out['error']}") from out["error"]
+    j, b = ck["result"], pl["result"]
+    ratios = G.block_pairs(per_block)
+    overheads = [100.0 * (r - 1.0) for r in ratios]
+    ck_all, pl_all = [x for a, _ in per_block for x in a], [x for _, b_ in per_block for x in b_]
+    log(f"  {mode} interleaved: {blocks} blocks of {block} steps in {time.monotonic() - t0:.0f}s: median {100 * (median(ratios) - 1):+.2f}% ({_pct(median_interval(overheads).get('low'))} .. {_pct(median_interval(overheads).get('high'))})")
+    return {
+        "blocks": blocks,
+        "block_steps": block,
+        "ckptless_step_s": median(ck_all),
+        "plain_step_s": median(pl_all),
+        "overhead_pct": 100.0 * (median(ratios) - 1.0),
+        "pooled_overhead_pct": 100.0 * (median(ck_all) / median(pl_all) - 1.0),
+        "block_overheads_pct": overheads,
+        "median_interval_pct": median_interval(overheads),
+        "median_verdict": median_verdict(overheads, TARGET_PCT),
+        "intervals_per_block": [len(a) for a, _ in per_block],
+        # what a side burns while the other has its turn (CPU seconds per second, sampled every 0.25 s): ckptless_hpc's
+        # heartbeats, coordinator and spares go on then and slow the plain side's turn, a bias in ckptless_hpc's favour of at most about this over 2 cores
+        "ckptless_cores_while_parked": _cores_within(j.cpu_samples or [], turns[pl_gate], lambda cmd: True),
+        "plain_cores_while_parked": _cores_within(b.cpu_samples, turns[ck_gate], _is_plain_rank),
+        "ckptless_final_loss": j.summary.get("final_loss"),
+        "plain_final_loss": b.final_loss(),
+        "ckptless_run": j.run_dir.name,
+        "elapsed_s": time.monotonic() - t0,
+    }
+
+
+def measure_interleaved(plan_name: str, blocks: int, block: int, tmp: Optional[Path] = None) -> Dict[str, Any]:
+    """The step comparison of TP and PP, interleaved (no recoveries: the section's other runs measure them)."""
+    plan = PLANS[plan_name]
+    runs = _Runs(tmp or RESULTS / "tmp" / "parallel")
+    runs.tmp.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    log(f"{plan.name} interleaved: LlamaParallelTask {plan.task}, 2 replicas x 2 ranks, both sides alive, {blocks} turns of {block} steps each (first {plan.skip_steps} steps skipped)")
+    out: Dict[str, Any] = {"plan": plan.name, "task": TASK, "sizes": dict(plan.task), **model_figures(plan.task), "replicas": 2, "world": 4, "target_pct": TARGET_PCT,
+                           "pp_schedule": "gpipe", "pp_micro_batches": plan.micro_batches, "skip_steps": plan.skip_steps}  # fmt: skip
+    for mode in ("tp", "pp"):
+        out[mode] = interleaved(runs, plan, mode, blocks, block)
+    out["elapsed_s"] = time.monotonic() - t0
+    return out
+
+
+def _layouts(res: Dict[str, Any]) -> List[Tuple[str, str]]:
+    return [("tp", "TP=2 x 2 replicas"), ("pp", f"PP=2 x 2 (gpipe, {res['pp_micro_batches']} mb)")]
+
+
+def _model(res: Dict[str, Any]) -> str:
+    return f"{res['task'].rsplit('.', 1)[-1]} {res['sizes']}, {res['params'] / 1e6:.2f} M parameters"
+
+
+def _cores(x: Optional[float]) -> str:
+    return "n/a" if x is None or x != x else f"{x:.3f}"
+
+
+def table_interleaved(res: Dict[str, Any]) -> str:
+    """The interleaved step comparison as text."""
+    lines = [
+        f"Tensor and pipeline parallel (issue 31), interleaved: {_model(res)}; 2 replicas x 2 ranks; a ckptless_hpc job and a plain run alive at once, taking turns of {res['tp']['block_steps']} steps",
+        f"{'layout':<22}{'ckptless ms/step':>18}{'plain ms/step':>15}{'overhead':>10}{'pooled':>9}  {'interval of the median':<34}<= {res['target_pct']}%?",
+    ]
+    for mode, name in _layouts(res):
+        s = res[mode]
+        ci = s["median_interval_pct"]
+        span = f"{ci['coverage']:.0%} {_pct(ci['low'])} .. {_pct(ci['high'])} ({ci['n']} turns)" if ci.get("coverage") is not None else f"n/a ({ci.get('n')} turns)"
+        lines.append(f"{name:<22}{_ms(s['ckptless_step_s']):>18}{_ms(s['plain_step_s']):>15}{_pct(s['overhead_pct']):>10}{_pct(s['pooled_overhead_pct']):>9}  {span:<34}{s['median_verdict']}")
+    for mode in ("tp", "pp"):
+        s = res[mode]
+        lines.append(f"{mode.upper()} while the other side has its turn: the ckptless_hpc job burns {_cores(s['ckptless_cores_while_parked'])} cores, the plain run {_cores(s['plain_cores_while_parked'])}")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------ report
 def headline(res: Optional[Dict[str, Any]]) -> Dict[str, Optional[float]]:
     """The section's figures for ``python -m bench``'s headline (None where the section did not run or failed)."""
@@ -378,13 +533,12 @@ def _pct(x: Optional[float]) -> str:
 
 def table(res: Dict[str, Any]) -> str:
     """The section as text: the step pairs, then the recoveries."""
-    t = res["task"].rsplit(".", 1)[-1]
     lines = [
-        f"Tensor and pipeline parallel (issue 31): {t} {res['sizes']}, {res['params'] / 1e6:.2f} M parameters; 2 replicas x 2 ranks + 1 spare node; "
+        f"Tensor and pipeline parallel (issue 31): {_model(res)}; 2 replicas x 2 ranks + 1 spare node; "
         f"{res['steps']} steps (first {res['skip_steps']} skipped), {res['pairs']} back-to-back pair(s) per layout",
         f"{'layout':<22}{'ckptless ms/step':>18}{'plain ms/step':>15}{'overhead':>10}  {'pairs':<28}{'<= ' + str(res['target_pct']) + '%?':<26}{'CPU/step vs plain: ranks, whole job':>36}",
     ]
-    for mode, name in (("tp", "TP=2 x 2 replicas"), ("pp", f"PP=2 x 2 (gpipe, {res['pp_micro_batches']} mb)")):
+    for mode, name in _layouts(res):
         s = res[mode]
         pairs = ", ".join(_pct(x) for x in s["pair_overheads_pct"])
         lines.append(
@@ -433,16 +587,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the smoke variant: the task's tiny sizes, one pair, a few steps")
     ap.add_argument("--plan", choices=sorted(PLANS), help="a plan by name (--quick is --plan quick; default full); tokens: 8x the tokens per step")
     ap.add_argument("--pairs", type=int, help="back-to-back pairs per layout in place of the plan's (5 or more: the median's interval gives a verdict)")
+    ap.add_argument("--interleave", type=int, metavar="TURNS", help="the step comparison only, both sides alive at once taking TURNS turns each (bench/gate.py); no recoveries")
+    ap.add_argument("--block", type=int, default=5, metavar="STEPS", help="--interleave: steps per turn (default 5; the first of each is not counted)")
     ap.add_argument("--results", type=Path, default=RESULTS, help=f"results folder (default {RESULTS.relative_to(REPO)}); run directories in DIR/tmp/parallel")
     args = ap.parse_args(argv)
     results = args.results.resolve()
     plan = args.plan or ("quick" if args.quick else "full")
     if args.pairs is not None and args.pairs < 1:
         ap.error(f"--pairs {args.pairs}: at least 1")
+    if args.interleave is not None and (args.interleave < 1 or args.block < 2 or args.pairs is not None):
+        ap.error(f"--interleave {args.interleave} --block {args.block}: at least 1 turn of at least 2 steps, and no --pairs (the turns are the pairs)")
     command = (
         "python -m bench.parallel_bench"
         + (" --quick" if args.quick else f" --plan {plan}" if args.plan else "")
         + (f" --pairs {args.pairs}" if args.pairs is not None else "")
+        + (f" --interleave {args.interleave} --block {args.block}" if args.interleave is not None else "")
         + ("" if results == RESULTS else f" --results {args.results}")
     )
     res: Dict[str, Any] = {
@@ -451,6 +610,15 @@ def main(argv: Optional[List[str]] = None) -> int:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine_info(),  # the package's git commit (core_commit) and the load average at the start
     }
+    if args.interleave is not None:
+        res["interleaved"] = measure_interleaved(plan, args.interleave, args.block, results / "tmp" / "parallel")
+        res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        path = results / f"{'quick' if plan == 'quick' else 'only'}-parallel-{plan}-interleaved.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(_clean(res), indent=2) + "\n", encoding="utf-8")
+        print(table_interleaved(res["interleaved"]))
+        print(f"\nload average at start {res['machine']['loadavg_at_start']}, at end {res['machine']['loadavg_at_end']}; wrote {path}")
+        return 0
     res["parallel"] = measure(plan == "quick", results / "tmp" / "parallel", plan, args.pairs)
     res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     res["headline"] = headline(res["parallel"])

@@ -113,6 +113,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clip", type=float, default=1.0, help="max_norm of the gradients' clipping (torchtitan's default, 1.0; ckptless_hpc's train.clip_grad_norm); 0: none")
     p.add_argument("--events", required=True)
+    p.add_argument("--gate", help="stop at bench/gate.py's gate at this path after each step (python -m bench.parallel_bench --interleave)")
     args = p.parse_args(argv)
     if args.world % 2:
         raise SystemExit(f"--world={args.world}: must be even (2 ranks per replica). HINT: --world 4 for 2 replicas of tp=2 or pp=2")
@@ -147,6 +148,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     dist.barrier()
     ev.emit("ready", rank=args.rank)
 
+    gate = None
+    if args.gate:
+        from bench.gate import Gate
+
+        gate = Gate(args.gate)
     local_loss = torch.zeros((), dtype=torch.float64)
     for step in range(args.steps):
         t0 = time.perf_counter()
@@ -173,6 +179,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         opt.step()
         if args.rank == 0:
             ev.emit("step", step=step + 1, step_s=time.perf_counter() - t0)
+        if gate is not None:
+            gate.at_step_end(step + 1)
     # the last step's loss over the global batch: each TP rank holds its replica's, each last stage its replica's
     contributors = args.world if schedule is None else dp_world
     dist.all_reduce(local_loss)

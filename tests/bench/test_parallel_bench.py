@@ -125,3 +125,40 @@ def test_the_plain_worker_clips_as_torch_does_and_the_jobs_clip_too():
     assert all(torch.allclose(a.grad, b.grad) for a, b in zip(mine, theirs))
     plan = parallel_bench.PLANS["quick"]
     assert f"train.clip_grad_norm={parallel_bench.CLIP}" in parallel_bench.overrides(plan, "pp") and parallel_bench.CLIP == 1.0
+
+
+def test_the_gate_counts_only_the_steps_a_side_ran_whole(tmp_path):
+    """bench/gate.py, pure logic: a block's clean intervals leave out its first step (which holds the wait at the gate)."""
+    from bench import gate
+
+    g = tmp_path / "side"
+    gate.allow(g, 2)
+    assert gate.allowed(g) == 2 and gate.parked_at(g) == []
+    # one rank's step ends: 2 warm-up steps, a wait of 10 s, then a block of 3 steps of 1 s
+    (tmp_path / "side.times.11").write_text("1 100.0\n2 101.0\n3 112.0\n4 113.0\n5 114.0\n")
+    (tmp_path / "side.times.12").write_text("1 100.5\n2 101.5\n3 112.5\n4 113.5\n5 114.5\n")
+    assert gate.block_intervals(g, 2, 5) == [1.0, 1.0, 1.0, 1.0]
+    (tmp_path / "side.parked.11").write_text("5")
+    assert gate.parked_at(g) == [5]
+    with pytest.raises(TimeoutError):
+        gate.wait_parked(g, 2, 5, timeout_s=0.05)
+    (tmp_path / "side.parked.12").write_text("5")
+    assert gate.wait_parked(g, 2, 5, timeout_s=1) < 1
+    assert gate.block_pairs([([1.1, 1.1, 1.0], [1.0, 1.0, 1.0]), ([], [1.0])]) == [1.1]
+
+
+def test_interleaved_turns_give_each_side_the_steps_of_its_turn_and_train_the_same(tmp_path):
+    """``--interleave``: a ckptless_hpc job and a plain run alive at once, taking turns; each turn of 3 steps gives each of the
+    4 ranks 2 clean intervals, and the two sides still train the same thing (their last global loss agrees)."""
+    argv = [sys.executable, "-m", "bench.parallel_bench", "--quick", "--interleave", "2", "--block", "3", "--results", str(tmp_path)]
+    p = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=500)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-5000:]
+    res = json.loads((tmp_path / "quick-parallel-quick-interleaved.json").read_text())
+    assert res["command"].endswith("--interleave 2 --block 3 --results " + str(tmp_path)), res["command"]
+    for mode in ("tp", "pp"):
+        s = res["interleaved"][mode]
+        assert s["blocks"] == 2 and s["intervals_per_block"] == [8, 8], s
+        assert len(s["block_overheads_pct"]) == 2 and all(math.isfinite(x) for x in s["block_overheads_pct"]), s
+        assert s["ckptless_step_s"] > 0 and s["plain_step_s"] > 0 and s["median_verdict"] == "too few pairs", s
+        assert abs(s["ckptless_final_loss"] - s["plain_final_loss"]) < 1e-4, s
+    assert "interleaved" in p.stdout and "TP=2 x 2 replicas" in p.stdout, p.stdout
