@@ -29,18 +29,21 @@ if [ $# -gt 0 ] || [ "${CKPTLESS_REQUIRE_SLURM:-0}" != 1 ] || [ "${CKPTLESS_SERI
   "$PY" -m pytest -q -ra --durations=40 "$@"
   exit
 fi
-# The whole suite as root: the Slurm tests in a second pytest beside the rest. Much of their time
-# is spent waiting on slurmctld (requeue delays, node timeouts, step relaunches): measured, they kept
-# 1.2 of 2 cores busy over their 11 minutes, so the two overlap (CKPTLESS_SERIAL=1: one after the
-# other). Their report is printed when both are done; the run fails if either does.
-slurm_log=$(mktemp /tmp/ckptless-slurm-tests.XXXXXX)
-"$PY" -m pytest -q -ra --durations=20 -p no:cacheprovider -m slurm >"$slurm_log" 2>&1 &
-slurm_pid=$!
+# The whole suite as root, in two pytest processes at once: the Slurm tests and the bench smokes
+# in the second, everything else in the first. Much of the Slurm tests' time is spent waiting on
+# slurmctld (requeue delays, node timeouts, step relaunches: measured, they kept 1.2 of the 2
+# cores busy); the bench smokes follow them there, so that the two end at about the same time.
+# The second's report is printed when both are done; the run fails if either does
+# (CKPTLESS_SERIAL=1: one pytest, one test after the other).
+beside=(tests/slurm tests/bench)
+beside_log=$(mktemp /tmp/ckptless-tests-beside.XXXXXX)
+"$PY" -m pytest -q -ra --durations=20 -p no:cacheprovider "${beside[@]}" >"$beside_log" 2>&1 &
+beside_pid=$!
 rest=0
-"$PY" -m pytest -q -ra --durations=40 -m "not slurm" || rest=$?
-slurm=0
-wait "$slurm_pid" || slurm=$?
-echo "=== the Slurm tests (pytest -m slurm, run beside the rest): exit $slurm ==="
-cat "$slurm_log"
-rm -f "$slurm_log"
-[ "$rest" = 0 ] && [ "$slurm" = 0 ]
+"$PY" -m pytest -q -ra --durations=40 "${beside[@]/#/--ignore=}" || rest=$?
+other=0
+wait "$beside_pid" || other=$?
+echo "=== ${beside[*]} (the second pytest, run beside the rest): exit $other ==="
+cat "$beside_log"
+rm -f "$beside_log"
+[ "$rest" = 0 ] && [ "$other" = 0 ]
