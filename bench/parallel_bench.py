@@ -433,6 +433,8 @@ def interleaved(runs: "_Runs", plan: Plan, mode: str, blocks: int, block: int) -
     for side, out in (("ckptless", ck), ("plain", pl)):
         if "error" in out:
             raise BenchError(f"{mode} interleaved, the {side} side: {out['error']}") from out["error"]
+    if len(per_block) != blocks:  # a side ended before its turns did, without an error: no figure from part of the run
+        raise BenchError(f"{mode} interleaved: {len(per_block)} of {blocks} turns ran (see {d})")
     j, b = ck["result"], pl["result"]
     ratios = G.block_pairs(per_block)
     overheads = [100.0 * (r - 1.0) for r in ratios]
