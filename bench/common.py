@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -188,16 +188,25 @@ def cpu_per_step(samples: List[tuple], step_times: List[float], match: Callable[
     ``match``, over the steady window (after ``skip_steps`` steps, before the last step)."""
     if len(step_times) <= skip_steps + 2:
         return float("nan")
-    lo, hi = step_times[skip_steps], step_times[-1]
-    window = [s for s in samples if lo <= s[0] <= hi]
-    if len(window) < 2:
+    got = cpu_within(samples, step_times[skip_steps], step_times[-1], match)
+    if got is None:
         return float("nan")
-    (t1, a), (t2, b) = window[0], window[-1]
-    pids = [p for p in b if p in a and match(b[p][1])]
+    cpu, t1, t2, pids = got
     steps = sum(1 for t in step_times if t1 < t <= t2)
     if not pids or steps == 0:
         return float("nan")
-    return sum(b[p][0] - a[p][0] for p in pids) / steps
+    return cpu / steps
+
+
+def cpu_within(samples: List[tuple], lo: float, hi: float, match: Callable[[str], bool]) -> Optional[Tuple[float, float, float, int]]:
+    """(CPU seconds, first sample's time, last sample's time, processes) of the sampled processes whose
+    command line satisfies ``match``, between the first and the last sample within [lo, hi]; None with fewer than 2."""
+    window = [s for s in samples if lo <= s[0] <= hi]
+    if len(window) < 2:
+        return None
+    (t1, a), (t2, b) = window[0], window[-1]
+    pids = [p for p in b if p in a and match(b[p][1])]
+    return sum(b[p][0] - a[p][0] for p in pids), t1, t2, len(pids)
 
 
 @dataclass

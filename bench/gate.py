@@ -28,6 +28,7 @@ from typing import Dict, List, Optional, Tuple
 from examples.llama import LlamaParallelTask
 
 POLL_S = 0.005  # a parked rank reads the allow file 200 times a second (a few microseconds each)
+PARK_TIMEOUT_S = 900.0  # a rank parked this long has lost its harness (which releases both sides when it ends)
 
 
 def allowed(gate: Path) -> int:
@@ -51,7 +52,10 @@ class Gate:
             return
         parked = self.gate.parent / f"{self.gate.name}.parked.{self.pid}"
         parked.write_text(str(done))
+        deadline = time.monotonic() + PARK_TIMEOUT_S
         while done >= allowed(self.gate):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{self.gate}: parked at {done} steps for {PARK_TIMEOUT_S:.0f}s, the allow file still says {allowed(self.gate)}. HINT: its harness (python -m bench.parallel_bench --interleave) is gone; run it again")
             time.sleep(POLL_S)
 
 

@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # python bench/parallel_bench.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "bench"
 
-from .common import REPO, BenchError, CpuSampler, JobRun, cpu_per_step, finite, free_port_store, kill_all, machine_info, median, median_interval, median_verdict, read_jsonl, run_ckptless, spread, verdict  # noqa: E402
+from .common import REPO, BenchError, CpuSampler, JobRun, cpu_per_step, cpu_within, finite, free_port_store, kill_all, machine_info, median, median_interval, median_verdict, read_jsonl, run_ckptless, spread, verdict  # noqa: E402
 
 TARGET_PCT = 2.0  # issue 31: the step's overhead over plain torch
 TASK = "examples.llama.LlamaParallelTask"
@@ -377,13 +377,9 @@ def _cores_within(samples: List[tuple], windows: List[Tuple[float, float]], matc
     """CPU seconds per second of the sampled processes whose command line satisfies ``match``, within ``windows``
     (each from its first sample to its last; windows with fewer than 2 samples are left out)."""
     cpu = span = 0.0
-    for lo, hi in windows:
-        inside = [x for x in samples if lo <= x[0] <= hi]
-        if len(inside) < 2:
-            continue
-        (t1, a), (t2, b) = inside[0], inside[-1]
-        cpu += sum(b[p][0] - a[p][0] for p in b if p in a and match(b[p][1]))
-        span += t2 - t1
+    for got in (cpu_within(samples, lo, hi, match) for lo, hi in windows):
+        if got is not None:
+            cpu, span = cpu + got[0], span + got[2] - got[1]
     return cpu / span if span > 0 else float("nan")
 
 

@@ -39,6 +39,7 @@ beside=(tests/slurm tests/bench)
 beside_log=$(mktemp /tmp/ckptless-tests-beside.XXXXXX)
 "$PY" -m pytest -q -ra --durations=20 -p no:cacheprovider "${beside[@]}" >"$beside_log" 2>&1 &
 beside_pid=$!
+trap 'kill "$beside_pid" 2>/dev/null' INT TERM  # interrupted: the second pytest stops too (the EXIT trap above still runs)
 rest=0
 "$PY" -m pytest -q -ra --durations=40 "${beside[@]/#/--ignore=}" || rest=$?
 other=0
