@@ -383,10 +383,11 @@ def _cores_within(samples: List[tuple], windows: List[Tuple[float, float]], matc
     return cpu / span if span > 0 else float("nan")
 
 
-def interleaved(runs: "_Runs", plan: Plan, mode: str, blocks: int, block: int) -> Dict[str, Any]:
+def interleaved(runs: "_Runs", plan: Plan, mode: str, blocks: int, block: int, extra: Sequence[str] = ()) -> Dict[str, Any]:
     """One ckptless_hpc job and one plain run of ``mode`` alive at once, taking turns by ``block`` steps
     (bench/gate.py): per block the ratio of the two medians of clean step intervals, every rank's; the
-    turns alternate which side goes first (ABBA), so a drift within a block touches both alike."""
+    turns alternate which side goes first (ABBA), so a drift within a block touches both alike.
+    ``extra``: overrides of the ckptless_hpc side only (a diagnosis: which of its costs is it)."""
     from . import gate as G
 
     steps = plan.skip_steps + blocks * block
@@ -398,7 +399,7 @@ def interleaved(runs: "_Runs", plan: Plan, mode: str, blocks: int, block: int) -
     for g in (ck_gate, pl_gate):
         G.allow(g, plan.skip_steps)
     t0 = time.monotonic()
-    ck_t, ck = _in_thread(lambda: run_ckptless(d / "ckptless", overrides(p, mode, gate=ck_gate), timeout_s=plan.job_timeout_s + 30 * blocks, sample_cpu=True, env=_env()))
+    ck_t, ck = _in_thread(lambda: run_ckptless(d / "ckptless", [*overrides(p, mode, gate=ck_gate), *extra], timeout_s=plan.job_timeout_s + 30 * blocks, sample_cpu=True, env=_env()))
     pl_t, pl = _in_thread(lambda: run_plain(d / "plain", dataclasses.replace(p, job_timeout_s=plan.job_timeout_s + 30 * blocks), mode, gate=pl_gate))
 
     def alive() -> bool:
@@ -458,23 +459,24 @@ def interleaved(runs: "_Runs", plan: Plan, mode: str, blocks: int, block: int) -
     }
 
 
-def measure_interleaved(plan_name: str, blocks: int, block: int, tmp: Optional[Path] = None) -> Dict[str, Any]:
-    """The step comparison of TP and PP, interleaved (no recoveries: the section's other runs measure them)."""
+def measure_interleaved(plan_name: str, blocks: int, block: int, tmp: Optional[Path] = None, modes: Sequence[str] = ("tp", "pp"), extra: Sequence[str] = ()) -> Dict[str, Any]:
+    """The step comparison of TP and PP (or of ``modes``), interleaved (no recoveries: the section's other runs measure them)."""
     plan = PLANS[plan_name]
     runs = _Runs(tmp or RESULTS / "tmp" / "parallel")
     runs.tmp.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     log(f"{plan.name} interleaved: LlamaParallelTask {plan.task}, 2 replicas x 2 ranks, both sides alive, {blocks} turns of {block} steps each (first {plan.skip_steps} steps skipped)")
     out: Dict[str, Any] = {"plan": plan.name, "task": TASK, "sizes": dict(plan.task), **model_figures(plan.task), "replicas": 2, "world": 4, "target_pct": TARGET_PCT,
-                           "pp_schedule": "gpipe", "pp_micro_batches": plan.micro_batches, "skip_steps": plan.skip_steps}  # fmt: skip
-    for mode in ("tp", "pp"):
-        out[mode] = interleaved(runs, plan, mode, blocks, block)
+                           "pp_schedule": "gpipe", "pp_micro_batches": plan.micro_batches, "skip_steps": plan.skip_steps, "ckptless_extra": list(extra)}  # fmt: skip
+    for mode in modes:
+        out[mode] = interleaved(runs, plan, mode, blocks, block, extra)
     out["elapsed_s"] = time.monotonic() - t0
     return out
 
 
 def _layouts(res: Dict[str, Any]) -> List[Tuple[str, str]]:
-    return [("tp", "TP=2 x 2 replicas"), ("pp", f"PP=2 x 2 (gpipe, {res['pp_micro_batches']} mb)")]
+    """The layouts ``res`` holds (an interleaved run may have measured one of them)."""
+    return [(m, n) for m, n in (("tp", "TP=2 x 2 replicas"), ("pp", f"PP=2 x 2 (gpipe, {res['pp_micro_batches']} mb)")) if m in res]
 
 
 def _model(res: Dict[str, Any]) -> str:
@@ -488,7 +490,8 @@ def _cores(x: Optional[float]) -> str:
 def table_interleaved(res: Dict[str, Any]) -> str:
     """The interleaved step comparison as text."""
     lines = [
-        f"Tensor and pipeline parallel (issue 31), interleaved: {_model(res)}; 2 replicas x 2 ranks; a ckptless_hpc job and a plain run alive at once, taking turns of {res['tp']['block_steps']} steps",
+        f"Tensor and pipeline parallel (issue 31), interleaved: {_model(res)}; 2 replicas x 2 ranks; a ckptless_hpc job and a plain run alive at once, taking turns of {res[_layouts(res)[0][0]]['block_steps']} steps"
+        + (f"; the ckptless_hpc side with {' '.join(res['ckptless_extra'])}" if res.get("ckptless_extra") else ""),
         f"{'layout':<22}{'ckptless ms/step':>18}{'plain ms/step':>15}{'overhead':>10}{'pooled':>9}  {'interval of the median':<34}<= {res['target_pct']}%?",
     ]
     for mode, name in _layouts(res):
@@ -496,7 +499,7 @@ def table_interleaved(res: Dict[str, Any]) -> str:
         ci = s["median_interval_pct"]
         span = f"{ci['coverage']:.0%} {_pct(ci['low'])} .. {_pct(ci['high'])} ({ci['n']} turns)" if ci.get("coverage") is not None else f"n/a ({ci.get('n')} turns)"
         lines.append(f"{name:<22}{_ms(s['ckptless_step_s']):>18}{_ms(s['plain_step_s']):>15}{_pct(s['overhead_pct']):>10}{_pct(s['pooled_overhead_pct']):>9}  {span:<34}{s['median_verdict']}")
-    for mode in ("tp", "pp"):
+    for mode, _ in _layouts(res):
         s = res[mode]
         lines.append(f"{mode.upper()} while the other side has its turn: the ckptless_hpc job burns {_cores(s['ckptless_cores_while_parked'])} cores, the plain run {_cores(s['plain_cores_while_parked'])}")
     return "\n".join(lines)
@@ -587,6 +590,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--pairs", type=int, help="back-to-back pairs per layout in place of the plan's (5 or more: the median's interval gives a verdict)")
     ap.add_argument("--interleave", type=int, metavar="TURNS", help="the step comparison only, both sides alive at once taking TURNS turns each (bench/gate.py); no recoveries")
     ap.add_argument("--block", type=int, default=5, metavar="STEPS", help="--interleave: steps per turn (default 5; the first of each is not counted)")
+    ap.add_argument("--layouts", default="tp,pp", help="--interleave: the layouts to measure, comma-separated (default tp,pp)")
+    ap.add_argument("--ckptless-set", action="append", default=[], metavar="KEY=VALUE", help="--interleave: an override of the ckptless_hpc side only, to find which of its costs a figure holds (repeatable)")
     ap.add_argument("--results", type=Path, default=RESULTS, help=f"results folder (default {RESULTS.relative_to(REPO)}); run directories in DIR/tmp/parallel")
     args = ap.parse_args(argv)
     results = args.results.resolve()
@@ -595,11 +600,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error(f"--pairs {args.pairs}: at least 1")
     if args.interleave is not None and (args.interleave < 1 or args.block < 2 or args.pairs is not None):
         ap.error(f"--interleave {args.interleave} --block {args.block}: at least 1 turn of at least 2 steps, and no --pairs (the turns are the pairs)")
+    layouts = [m.strip() for m in args.layouts.split(",") if m.strip()]
+    if not layouts or any(m not in ("tp", "pp") for m in layouts) or ((args.layouts != "tp,pp" or args.ckptless_set) and args.interleave is None):
+        ap.error(f"--layouts {args.layouts!r} --ckptless-set {args.ckptless_set}: layouts among tp,pp, and both options with --interleave only")
     command = (
         "python -m bench.parallel_bench"
         + (" --quick" if args.quick else f" --plan {plan}" if args.plan else "")
         + (f" --pairs {args.pairs}" if args.pairs is not None else "")
         + (f" --interleave {args.interleave} --block {args.block}" if args.interleave is not None else "")
+        + (f" --layouts {','.join(layouts)}" if layouts != ["tp", "pp"] else "")
+        + "".join(f" --ckptless-set {x}" for x in args.ckptless_set)
         + ("" if results == RESULTS else f" --results {args.results}")
     )
     res: Dict[str, Any] = {
@@ -609,9 +619,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         "machine": machine_info(),  # the package's git commit (core_commit) and the load average at the start
     }
     if args.interleave is not None:
-        res["interleaved"] = measure_interleaved(plan, args.interleave, args.block, results / "tmp" / "parallel")
+        res["interleaved"] = measure_interleaved(plan, args.interleave, args.block, results / "tmp" / "parallel", layouts, args.ckptless_set)
         res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-        path = results / f"{'quick' if plan == 'quick' else 'only'}-parallel-{plan}-interleaved.json"
+        tag = "".join(f"-{m}" for m in layouts if layouts != ["tp", "pp"]) + ("-set" if args.ckptless_set else "")
+        path = results / f"{'quick' if plan == 'quick' else 'only'}-parallel-{plan}-interleaved{tag}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(_clean(res), indent=2) + "\n", encoding="utf-8")
         print(table_interleaved(res["interleaved"]))
