@@ -474,6 +474,39 @@ def measure_interleaved(plan_name: str, blocks: int, block: int, tmp: Optional[P
     return out
 
 
+def pool_runs(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Several interleaved runs (``measure_interleaved``'s, one after the other) as one: per layout
+    the median and its interval over every run's turns together, and each run's own median. One
+    run's interval covers the noise within it; the load of a shared machine also moves between
+    runs, which only several runs sample."""
+    out = {k: v for k, v in runs[0].items() if k not in ("tp", "pp", "elapsed_s")}
+    out["runs"] = len(runs)
+    out["elapsed_s"] = sum(r["elapsed_s"] for r in runs)
+    for mode in ("tp", "pp"):
+        each = [r[mode] for r in runs if mode in r]
+        if not each:
+            continue
+        turns = [x for s in each for x in s["block_overheads_pct"]]
+        out[mode] = {
+            **each[-1],  # the last run's losses and run name
+            "blocks": len(turns),
+            "ckptless_step_s": median([s["ckptless_step_s"] for s in each]),
+            "plain_step_s": median([s["plain_step_s"] for s in each]),
+            "overhead_pct": median(turns),
+            "pooled_overhead_pct": median([s["pooled_overhead_pct"] for s in each]),
+            "block_overheads_pct": turns,
+            "median_interval_pct": median_interval(turns),
+            "median_verdict": median_verdict(turns, TARGET_PCT),
+            "intervals_per_block": [n for s in each for n in s["intervals_per_block"]],
+            "ckptless_cores_while_parked": median([s["ckptless_cores_while_parked"] for s in each]),
+            "plain_cores_while_parked": median([s["plain_cores_while_parked"] for s in each]),
+            "runs_overhead_pct": [s["overhead_pct"] for s in each],
+            "runs_median_interval_pct": [s["median_interval_pct"] for s in each],
+            "elapsed_s": sum(s["elapsed_s"] for s in each),
+        }
+    return out
+
+
 def _layouts(res: Dict[str, Any]) -> List[Tuple[str, str]]:
     """The layouts ``res`` holds (an interleaved run may have measured one of them)."""
     return [(m, n) for m, n in (("tp", "TP=2 x 2 replicas"), ("pp", f"PP=2 x 2 (gpipe, {res['pp_micro_batches']} mb)")) if m in res]
@@ -492,15 +525,19 @@ def table_interleaved(res: Dict[str, Any]) -> str:
     lines = [
         f"Tensor and pipeline parallel (issue 31), interleaved: {_model(res)}; 2 replicas x 2 ranks; a ckptless_hpc job and a plain run alive at once, taking turns of {res[_layouts(res)[0][0]]['block_steps']} steps"
         + (f"; the ckptless_hpc side with {' '.join(res['ckptless_extra'])}" if res.get("ckptless_extra") else ""),
-        f"{'layout':<22}{'ckptless ms/step':>18}{'plain ms/step':>15}{'overhead':>10}{'pooled':>9}  {'interval of the median':<34}<= {res['target_pct']}%?",
+        f"{'layout':<32}{'ckptless ms/step':>18}{'plain ms/step':>15}{'overhead':>10}{'pooled':>9}  {'interval of the median':<34}<= {res['target_pct']}%?",
     ]
     for mode, name in _layouts(res):
         s = res[mode]
         ci = s["median_interval_pct"]
         span = f"{ci['coverage']:.0%} {_pct(ci['low'])} .. {_pct(ci['high'])} ({ci['n']} turns)" if ci.get("coverage") is not None else f"n/a ({ci.get('n')} turns)"
-        lines.append(f"{name:<22}{_ms(s['ckptless_step_s']):>18}{_ms(s['plain_step_s']):>15}{_pct(s['overhead_pct']):>10}{_pct(s['pooled_overhead_pct']):>9}  {span:<34}{s['median_verdict']}")
+        if s.get("runs_overhead_pct"):
+            name = f"{name}, {res['runs']} runs"
+        lines.append(f"{name:<32}{_ms(s['ckptless_step_s']):>18}{_ms(s['plain_step_s']):>15}{_pct(s['overhead_pct']):>10}{_pct(s['pooled_overhead_pct']):>9}  {span:<34}{s['median_verdict']}")
     for mode, _ in _layouts(res):
         s = res[mode]
+        for i, (o, ci) in enumerate(zip(s.get("runs_overhead_pct", []), s.get("runs_median_interval_pct", []))):
+            lines.append(f"  {mode.upper()} run {i + 1}: median {_pct(o)}, {_pct(ci.get('low'))} .. {_pct(ci.get('high'))}")
         lines.append(f"{mode.upper()} while the other side has its turn: the ckptless_hpc job burns {_cores(s['ckptless_cores_while_parked'])} cores, the plain run {_cores(s['plain_cores_while_parked'])}")
     return "\n".join(lines)
 
@@ -590,6 +627,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--pairs", type=int, help="back-to-back pairs per layout in place of the plan's (5 or more: the median's interval gives a verdict)")
     ap.add_argument("--interleave", type=int, metavar="TURNS", help="the step comparison only, both sides alive at once taking TURNS turns each (bench/gate.py); no recoveries")
     ap.add_argument("--block", type=int, default=5, metavar="STEPS", help="--interleave: steps per turn (default 5; the first of each is not counted)")
+    ap.add_argument("--repeat", type=int, default=1, metavar="RUNS", help="--interleave: RUNS interleaved runs one after the other, their turns pooled (the load moves between runs too)")
     ap.add_argument("--layouts", default="tp,pp", help="--interleave: the layouts to measure, comma-separated (default tp,pp)")
     ap.add_argument("--ckptless-set", action="append", default=[], metavar="KEY=VALUE", help="--interleave: an override of the ckptless_hpc side only, to find which of its costs a figure holds (repeatable)")
     ap.add_argument("--results", type=Path, default=RESULTS, help=f"results folder (default {RESULTS.relative_to(REPO)}); run directories in DIR/tmp/parallel")
@@ -600,6 +638,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error(f"--pairs {args.pairs}: at least 1")
     if args.interleave is not None and (args.interleave < 1 or args.block < 2 or args.pairs is not None):
         ap.error(f"--interleave {args.interleave} --block {args.block}: at least 1 turn of at least 2 steps, and no --pairs (the turns are the pairs)")
+    if args.repeat < 1 or (args.repeat > 1 and args.interleave is None):
+        ap.error(f"--repeat {args.repeat}: at least 1, and more than 1 with --interleave only")
     layouts = [m.strip() for m in args.layouts.split(",") if m.strip()]
     if not layouts or any(m not in ("tp", "pp") for m in layouts) or ((args.layouts != "tp,pp" or args.ckptless_set) and args.interleave is None):
         ap.error(f"--layouts {args.layouts!r} --ckptless-set {args.ckptless_set}: layouts among tp,pp, and both options with --interleave only")
@@ -608,6 +648,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         + (" --quick" if args.quick else f" --plan {plan}" if args.plan else "")
         + (f" --pairs {args.pairs}" if args.pairs is not None else "")
         + (f" --interleave {args.interleave} --block {args.block}" if args.interleave is not None else "")
+        + (f" --repeat {args.repeat}" if args.repeat > 1 else "")
         + (f" --layouts {','.join(layouts)}" if layouts != ["tp", "pp"] else "")
         + "".join(f" --ckptless-set {x}" for x in args.ckptless_set)
         + ("" if results == RESULTS else f" --results {args.results}")
@@ -619,9 +660,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         "machine": machine_info(),  # the package's git commit (core_commit) and the load average at the start
     }
     if args.interleave is not None:
-        res["interleaved"] = measure_interleaved(plan, args.interleave, args.block, results / "tmp" / "parallel", layouts, args.ckptless_set)
+        runs = [measure_interleaved(plan, args.interleave, args.block, results / "tmp" / "parallel", layouts, args.ckptless_set) for _ in range(args.repeat)]
+        res["interleaved"] = runs[0] if args.repeat == 1 else pool_runs(runs)
         res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-        tag = "".join(f"-{m}" for m in layouts if layouts != ["tp", "pp"]) + ("-set" if args.ckptless_set else "")
+        tag = "".join(f"-{m}" for m in layouts if layouts != ["tp", "pp"]) + ("-set" if args.ckptless_set else "") + (f"-{args.repeat}runs" if args.repeat > 1 else "")
         path = results / f"{'quick' if plan == 'quick' else 'only'}-parallel-{plan}-interleaved{tag}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(_clean(res), indent=2) + "\n", encoding="utf-8")
