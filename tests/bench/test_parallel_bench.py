@@ -162,3 +162,25 @@ def test_interleaved_turns_give_each_side_the_steps_of_its_turn_and_train_the_sa
         assert s["ckptless_step_s"] > 0 and s["plain_step_s"] > 0 and s["median_verdict"] == "too few pairs", s
         assert abs(s["ckptless_final_loss"] - s["plain_final_loss"]) < 1e-4, s
     assert "interleaved" in p.stdout and "TP=2 x 2 replicas" in p.stdout, p.stdout
+
+
+def test_repeated_interleaved_runs_pool_their_turns():
+    """``--repeat``, pure logic: the runs' turns pooled into one median and interval, each run's median kept beside it."""
+    from bench.common import median_interval
+
+    def run(turns, step_s):
+        side = {"blocks": len(turns), "block_steps": 5, "ckptless_step_s": step_s * 1.01, "plain_step_s": step_s, "overhead_pct": sorted(turns)[len(turns) // 2],
+                "pooled_overhead_pct": 1.0, "block_overheads_pct": list(turns), "median_interval_pct": median_interval(turns), "median_verdict": "x",
+                "intervals_per_block": [16] * len(turns), "ckptless_cores_while_parked": 0.1, "plain_cores_while_parked": 0.2, "ckptless_final_loss": 0.5,
+                "plain_final_loss": 0.5, "ckptless_run": "r", "elapsed_s": 10.0}  # fmt: skip
+        return {"plan": "tokens", "target_pct": 2.0, "tp": side, "elapsed_s": 10.0}
+
+    a, b = run([-3.0, -1.0, 0.0, 1.0, 2.0], 0.5), run([3.0, 4.0, 5.0], 0.7)
+    p = parallel_bench.pool_runs([a, b])
+    tp = p["tp"]
+    assert p["runs"] == 2 and "pp" not in p and tp["blocks"] == 8 and p["elapsed_s"] == 20.0, p
+    assert tp["overhead_pct"] == 1.5 and tp["runs_overhead_pct"] == [0.0, 4.0], tp  # the median of all eight turns, not of the two runs' medians (2.0)
+    ci = tp["median_interval_pct"]
+    assert ci["n"] == 8 and ci["low"] == -1.0 and ci["high"] == 4.0, ci
+    assert tp["median_verdict"] == "unresolved" and tp["ckptless_step_s"] == pytest.approx(0.606) and tp["plain_step_s"] == pytest.approx(0.6), tp
+    assert "TP=2 x 2 replicas, 2 runs" in parallel_bench.table_interleaved({**p, "pp_micro_batches": 4, "task": "x.T", "sizes": {}, "params": 1e6})
