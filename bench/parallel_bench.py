@@ -480,7 +480,6 @@ def pool_runs(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     run's interval covers the noise within it; the load of a shared machine also moves between
     runs, which only several runs sample."""
     out = {k: v for k, v in runs[0].items() if k not in ("tp", "pp", "elapsed_s")}
-    out["runs"] = len(runs)
     out["elapsed_s"] = sum(r["elapsed_s"] for r in runs)
     for mode in ("tp", "pp"):
         each = [r[mode] for r in runs if mode in r]
@@ -500,10 +499,32 @@ def pool_runs(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
             "intervals_per_block": [n for s in each for n in s["intervals_per_block"]],
             "ckptless_cores_while_parked": median([s["ckptless_cores_while_parked"] for s in each]),
             "plain_cores_while_parked": median([s["plain_cores_while_parked"] for s in each]),
-            "runs_overhead_pct": [s["overhead_pct"] for s in each],
-            "runs_median_interval_pct": [s["median_interval_pct"] for s in each],
+            # a pooled result among them (an older file) brings its own runs' figures
+            "runs_overhead_pct": [x for s in each for x in s.get("runs_overhead_pct", [s["overhead_pct"]])],
+            "runs_median_interval_pct": [x for s in each for x in s.get("runs_median_interval_pct", [s["median_interval_pct"]])],
             "elapsed_s": sum(s["elapsed_s"] for s in each),
         }
+        out[mode]["runs"] = len(out[mode]["runs_overhead_pct"])
+    return out
+
+
+def pool_files(paths: Sequence[Path]) -> Dict[str, Any]:
+    """Interleaved results written by earlier runs (``--interleave``, with or without ``--repeat``) pooled as
+    :func:`pool_runs` pools the runs of one command: they must be of the same plan and turn length."""
+    runs: List[Dict[str, Any]] = []
+    for path in paths:
+        res = json.loads(Path(path).read_text(encoding="utf-8"))
+        got = res.get("interleaved_runs") or ([res["interleaved"]] if "interleaved" in res else [])
+        if not got:
+            raise BenchError(f"{path}: no interleaved figures. HINT: files written by --interleave")
+        for r in got:
+            r["source"] = f"{Path(path).name} (core {res.get('machine', {}).get('core_commit')})"
+        runs += got
+    keys = {(r["plan"], r["sizes"].get("seq_len"), r["sizes"].get("batch_size"), next(r[m]["block_steps"] for m in ("tp", "pp") if m in r)) for r in runs}
+    if len(keys) > 1:
+        raise BenchError(f"the files measured different things (plan, seq_len, batch_size, steps per turn): {sorted(keys)}. HINT: pool runs of one command line")
+    out = pool_runs(runs)
+    out["sources"] = [r["source"] for r in runs]
     return out
 
 
@@ -532,7 +553,7 @@ def table_interleaved(res: Dict[str, Any]) -> str:
         ci = s["median_interval_pct"]
         span = f"{ci['coverage']:.0%} {_pct(ci['low'])} .. {_pct(ci['high'])} ({ci['n']} turns)" if ci.get("coverage") is not None else f"n/a ({ci.get('n')} turns)"
         if s.get("runs_overhead_pct"):
-            name = f"{name}, {res['runs']} runs"
+            name = f"{name}, {s['runs']} run{'s' if s['runs'] > 1 else ''}"
         lines.append(f"{name:<32}{_ms(s['ckptless_step_s']):>18}{_ms(s['plain_step_s']):>15}{_pct(s['overhead_pct']):>10}{_pct(s['pooled_overhead_pct']):>9}  {span:<34}{s['median_verdict']}")
     for mode, _ in _layouts(res):
         s = res[mode]
@@ -628,11 +649,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--interleave", type=int, metavar="TURNS", help="the step comparison only, both sides alive at once taking TURNS turns each (bench/gate.py); no recoveries")
     ap.add_argument("--block", type=int, default=5, metavar="STEPS", help="--interleave: steps per turn (default 5; the first of each is not counted)")
     ap.add_argument("--repeat", type=int, default=1, metavar="RUNS", help="--interleave: RUNS interleaved runs one after the other, their turns pooled (the load moves between runs too)")
+    ap.add_argument("--pool", nargs="+", type=Path, metavar="JSON", help="no run: the interleaved results in these files pooled into one (writes DIR/only-parallel-interleaved-pooled.json)")
     ap.add_argument("--layouts", default="tp,pp", help="--interleave: the layouts to measure, comma-separated (default tp,pp)")
     ap.add_argument("--ckptless-set", action="append", default=[], metavar="KEY=VALUE", help="--interleave: an override of the ckptless_hpc side only, to find which of its costs a figure holds (repeatable)")
     ap.add_argument("--results", type=Path, default=RESULTS, help=f"results folder (default {RESULTS.relative_to(REPO)}); run directories in DIR/tmp/parallel")
     args = ap.parse_args(argv)
     results = args.results.resolve()
+    if args.pool:
+        pooled = pool_files(args.pool)
+        path = results / "only-parallel-interleaved-pooled.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        command = "python -m bench.parallel_bench --pool " + " ".join(str(p) for p in args.pool)
+        path.write_text(json.dumps(_clean({"command": command, "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "interleaved": pooled}), indent=2) + "\n", encoding="utf-8")
+        print(table_interleaved(pooled))
+        print("\n".join(["", "sources:", *pooled["sources"], f"wrote {path}"]))
+        return 0
     plan = args.plan or ("quick" if args.quick else "full")
     if args.pairs is not None and args.pairs < 1:
         ap.error(f"--pairs {args.pairs}: at least 1")
@@ -662,6 +693,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.interleave is not None:
         runs = [measure_interleaved(plan, args.interleave, args.block, results / "tmp" / "parallel", layouts, args.ckptless_set) for _ in range(args.repeat)]
         res["interleaved"] = runs[0] if args.repeat == 1 else pool_runs(runs)
+        if args.repeat > 1:
+            res["interleaved_runs"] = runs  # each run's own figures (--pool pools them with other files' runs)
         res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
         tag = "".join(f"-{m}" for m in layouts if layouts != ["tp", "pp"]) + ("-set" if args.ckptless_set else "") + (f"-{args.repeat}runs" if args.repeat > 1 else "")
         path = results / f"{'quick' if plan == 'quick' else 'only'}-parallel-{plan}-interleaved{tag}.json"

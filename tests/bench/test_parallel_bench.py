@@ -178,9 +178,31 @@ def test_repeated_interleaved_runs_pool_their_turns():
     a, b = run([-3.0, -1.0, 0.0, 1.0, 2.0], 0.5), run([3.0, 4.0, 5.0], 0.7)
     p = parallel_bench.pool_runs([a, b])
     tp = p["tp"]
-    assert p["runs"] == 2 and "pp" not in p and tp["blocks"] == 8 and p["elapsed_s"] == 20.0, p
+    assert tp["runs"] == 2 and "pp" not in p and tp["blocks"] == 8 and p["elapsed_s"] == 20.0, p
     assert tp["overhead_pct"] == 1.5 and tp["runs_overhead_pct"] == [0.0, 4.0], tp  # the median of all eight turns, not of the two runs' medians (2.0)
     ci = tp["median_interval_pct"]
     assert ci["n"] == 8 and ci["low"] == -1.0 and ci["high"] == 4.0, ci
     assert tp["median_verdict"] == "unresolved" and tp["ckptless_step_s"] == pytest.approx(0.606) and tp["plain_step_s"] == pytest.approx(0.6), tp
     assert "TP=2 x 2 replicas, 2 runs" in parallel_bench.table_interleaved({**p, "pp_micro_batches": 4, "task": "x.T", "sizes": {}, "params": 1e6})
+
+
+def test_interleaved_results_of_earlier_runs_pool_across_files(tmp_path):
+    """``--pool``: the runs in earlier files (one run; several, kept per run) pooled; files of different measurements refused."""
+    from bench.common import BenchError, median_interval
+
+    def run(turns, block=5):
+        side = {"blocks": len(turns), "block_steps": block, "ckptless_step_s": 0.5, "plain_step_s": 0.5, "overhead_pct": sorted(turns)[len(turns) // 2],
+                "pooled_overhead_pct": 0.0, "block_overheads_pct": list(turns), "median_interval_pct": median_interval(turns), "median_verdict": "x",
+                "intervals_per_block": [16] * len(turns), "ckptless_cores_while_parked": 0.1, "plain_cores_while_parked": 0.1, "elapsed_s": 1.0}  # fmt: skip
+        return {"plan": "tokens", "sizes": {"seq_len": 64, "batch_size": 32}, "target_pct": 2.0, "tp": side, "elapsed_s": 1.0}
+
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    one.write_text(json.dumps({"machine": {"core_commit": "a"}, "interleaved": run([9.0, 10.0, 11.0])}))
+    runs = [run([0.0, 1.0, 2.0]), run([3.0, 4.0, 5.0])]
+    two.write_text(json.dumps({"machine": {"core_commit": "b"}, "interleaved": parallel_bench.pool_runs(runs), "interleaved_runs": runs}))
+    p = parallel_bench.pool_files([one, two])
+    assert p["tp"]["runs"] == 3 and p["tp"]["runs_overhead_pct"] == [10.0, 1.0, 4.0] and p["tp"]["overhead_pct"] == 4.0, p["tp"]
+    assert p["sources"] == ["one.json (core a)", "two.json (core b)", "two.json (core b)"], p["sources"]
+    one.write_text(json.dumps({"machine": {}, "interleaved": run([1.0, 2.0, 3.0], block=3)}))
+    with pytest.raises(BenchError, match="different things"):
+        parallel_bench.pool_files([one, two])
