@@ -479,7 +479,7 @@ def pool_runs(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     the median and its interval over every run's turns together, and each run's own median. One
     run's interval covers the noise within it; the load of a shared machine also moves between
     runs, which only several runs sample."""
-    out = {k: v for k, v in runs[0].items() if k not in ("tp", "pp", "elapsed_s")}
+    out = {k: v for k, v in runs[0].items() if k not in ("tp", "pp", "elapsed_s", "source")}
     out["elapsed_s"] = sum(r["elapsed_s"] for r in runs)
     for mode in ("tp", "pp"):
         each = [r[mode] for r in runs if mode in r]
@@ -524,7 +524,7 @@ def pool_files(paths: Sequence[Path]) -> Dict[str, Any]:
     if len(keys) > 1:
         raise BenchError(f"the files measured different things (plan, seq_len, batch_size, steps per turn): {sorted(keys)}. HINT: pool runs of one command line")
     out = pool_runs(runs)
-    out["sources"] = [r["source"] for r in runs]
+    out["sources"] = list(dict.fromkeys(r["source"] for r in runs))  # each file once, in order
     return out
 
 
