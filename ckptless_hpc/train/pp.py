@@ -200,7 +200,11 @@ class Stages(torch.nn.Module):
 def _seeded_stage(base: Any) -> Any:
     """A ``PipelineStage`` class that seeds each micro-batch's forward (``seed(index)``) right
     before it runs: torch's schedules call ``forward_one_chunk`` once per micro-batch, in any
-    order the schedule likes, while its shape inference calls the module outside of it."""
+    order the schedule likes, while its shape inference calls the module outside of it. That
+    inference (a new stage's first step: every generation's) runs the module once on stand-in
+    inputs; what it writes into the stage's buffers (BatchNorm's running statistics, counters) is
+    put back, or each generation would count one forward more than the fault-free run and the
+    plain reference do."""
 
     class SeededStage(base):  # type: ignore[misc, valid-type]
         seed: Callable[[int], None] = staticmethod(lambda i: None)
@@ -208,6 +212,16 @@ def _seeded_stage(base: Any) -> Any:
         def forward_one_chunk(self, fwd_chunk_id: int, *args: Any, **kwargs: Any) -> Any:
             self.seed(fwd_chunk_id)
             return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
+        def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:  # torch_private: tests/unit/test_torch_private.py
+            kept = [(b, b._version, b.detach().clone()) for b in self.submod.buffers()]
+            try:
+                return super()._forward_metadata_inference(*args, **kwargs)
+            finally:
+                with torch.no_grad():
+                    for b, version, value in kept:
+                        if b._version != version:
+                            b.copy_(value)
 
     return SeededStage
 

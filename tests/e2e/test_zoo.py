@@ -46,6 +46,7 @@ MODELS = {
     "llama_sp": "models.llama.LlamaSPTask",  # torchtitan's whole plan: sequence parallel norms, a row-wise embedding
     "llama_pp": "models.llama.LlamaPPTask",  # pipeline stages (pp_stage, pp_split, pp_loss), torchtitan's manual split
     "llama_parallel": "models.llama.LlamaParallelTask",  # both: pipeline stages and a tensor-parallel plan
+    "llama_counting": "models.llama.LlamaCountingTask",  # both, and blocks that write int64 and bool buffers in place
 }
 MODES = {
     "ddp": ("parallel=ddp",),
@@ -80,8 +81,8 @@ MODES = {
         "train.clip_grad_norm=0.5",
     ),
 }
-TP_MODELS = {"llama_tp", "llama_sp", "llama_parallel"}  # the models with a tp_plan
-PP_MODELS = {"llama_pp", "llama_parallel"}  # the models with pipeline stages
+TP_MODELS = {"llama_tp", "llama_sp", "llama_parallel", "llama_counting"}  # the models with a tp_plan
+PP_MODELS = {"llama_pp", "llama_parallel", "llama_counting"}  # the models with pipeline stages
 SHAPE = ("cluster.nodes=2", "cluster.spare_nodes=2", "train.steps=12", "optim.warmup_steps=2")
 FAST_HB = ("cluster.heartbeat_interval_s=0.25", "cluster.heartbeat_timeout_s=1.5")
 FAULTS = (
@@ -90,8 +91,9 @@ FAULTS = (
 )  # fmt: skip
 # CI's pairs: every mode and every model; the failures of issue 30: zero with the fused QKV under
 # an update kill (1), fsdp with a complex buffer and a hook that gathers DTensors (2, 3), zero with
-# a tie whose tensor rank 0 does not own (4)
-PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_sp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_pp"), ("pp_interleaved", "llama_pp"), ("pp_tp", "llama_parallel"), ("tp_1", "llama_tp"), ("pp_1", "llama_pp"), ("tp_shard_1", "llama_tp"), ("pp_shard_tp_1", "llama_parallel")]
+# a tie whose tensor rank 0 does not own (4); buffers written in place under tp (one replica) and
+# pp (two replicas, whose buffers differ until replica 0's are broadcast)
+PAIRS = [("zero", "llama"), ("fsdp", "llama"), ("zero", "gpt"), ("ddp", "counters"), ("hsdp", "cnn"), ("tp", "llama_sp"), ("pp", "llama_pp"), ("pp_1f1b", "llama_counting"), ("pp_interleaved", "llama_pp"), ("pp_tp", "llama_parallel"), ("tp_1", "llama_counting"), ("pp_1", "llama_pp"), ("tp_shard_1", "llama_tp"), ("pp_shard_tp_1", "llama_parallel")]
 if os.environ.get("CKPTLESS_ZOO") == "full":
     PAIRS = [
         (mode, model)
@@ -134,6 +136,13 @@ def test_every_mode_carries_the_zoo_model(mode, model, job, baseline):
     diffs = plain_loop.max_differences(got, want)
     worst = max(diffs, key=diffs.get)
     assert diffs[worst] <= 1e-5, f"{mode}/{model}: {worst} differs from plain PyTorch by {diffs[worst]:.3g} of its magnitude; all: {diffs}"
+    written = {k: v for k, v in got.items() if k.endswith((".forwards", ".saw_large"))}
+    if model == "llama_counting":  # buffers written in place: plain PyTorch's exactly (replica 0's at each step), and written
+        assert written and all(torch.equal(v, want[k]) for k, v in written.items()), {k: (v, want[k]) for k, v in written.items()}
+        per_step = int(composed.train.grad_accum)  # one forward per micro-batch
+        assert {int(v) for k, v in written.items() if k.endswith(".forwards")} == {int(composed.train.steps) * per_step}, written
+        flags = torch.stack([v for k, v in written.items() if k.endswith(".saw_large")])
+        assert flags.any() and not flags.all(), flags  # data-dependent: some features seen past the threshold, not all
     for alias, tensor in _ties(fresh).items():
         assert torch.equal(got[alias], got[tensor]), f"{alias} is not equal to {tensor}, the tensor it is tied to"
     _restores_through_dcp(task, composed, res.run_dir / "final" / "dcp", got)

@@ -1,7 +1,7 @@
 """parallel=pp without processes: the config's checks, where each rank's stage comes from, the
 data each rank trains on, the task's stages checked and equal to the whole model, the seeds, and
 the export joining the stages' shards (disjoint names) into the whole model (the end-to-end
-proof: tests/e2e/test_zoo.py, pp-llama_pp and pp_1f1b-llama_pp)."""
+proof: tests/e2e/test_zoo.py, pp-llama_pp and pp_1f1b-llama_counting)."""
 
 from __future__ import annotations
 

@@ -179,3 +179,13 @@ def test_fsdp2_over_tensor_parallel_on_one_2d_mesh_of_own_groups_rebinds_to_a_ne
     for rank, weights in got.items():
         for name, p in model.named_parameters():
             torch.testing.assert_close(torch.tensor(weights[name]), p.detach(), rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}")
+
+
+def test_pipeline_stage_internals():
+    """train/pp.py's stage overrides ``_forward_metadata_inference`` (the shape inference of a new
+    stage's first step) to put back the buffers that run writes: torch must still call it by that
+    name from ``_prepare_forward_infra``, or the override is silently skipped."""
+    from torch.distributed.pipelining import PipelineStage
+
+    assert callable(getattr(PipelineStage, "_forward_metadata_inference", None))
+    assert "self._forward_metadata_inference(" in inspect.getsource(PipelineStage._prepare_forward_infra)
